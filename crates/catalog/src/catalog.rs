@@ -1,0 +1,498 @@
+//! The catalog: an immutable, versioned snapshot of workloads and resources, and the rules a
+//! change must pass (ClickHouse's `WorkloadEntityStorageBase::storeEntity` / `removeEntity`,
+//! reference §2), in ClickHouse's order so the first error reported is the one ClickHouse reports.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sluice_sql::{
+    CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Error, ErrorCode,
+    ResourceOperation, Result, Statement,
+};
+
+use crate::settings::WorkloadSettings;
+
+/// Where an entity was defined. Config entities form a read-only layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Sql,
+    Config,
+}
+
+/// A workload or a resource, as stored: its normalized definition.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entity {
+    Workload(CreateWorkload),
+    Resource(CreateResource),
+}
+
+impl Entity {
+    pub fn name(&self) -> &str {
+        match self {
+            Entity::Workload(w) => &w.name,
+            Entity::Resource(r) => &r.name,
+        }
+    }
+
+    pub fn kind(&self) -> EntityKind {
+        match self {
+            Entity::Workload(_) => EntityKind::Workload,
+            Entity::Resource(_) => EntityKind::Resource,
+        }
+    }
+
+    /// The normalized `CREATE …` text ClickHouse shows as `create_query`.
+    pub fn create_query(&self) -> String {
+        match self {
+            Entity::Workload(w) => w.to_string(),
+            Entity::Resource(r) => r.to_string(),
+        }
+    }
+
+    /// Names this entity depends on: the parent, then each distinct `FOR` resource in order.
+    fn references(&self) -> Vec<&str> {
+        let Entity::Workload(w) = self else {
+            return Vec::new();
+        };
+        let mut refs: Vec<&str> = w.parent.as_deref().into_iter().collect();
+        for s in &w.settings {
+            if let Some(r) = s.resource.as_deref() {
+                if !refs[usize::from(w.parent.is_some())..].contains(&r) {
+                    refs.push(r);
+                }
+            }
+        }
+        refs
+    }
+}
+
+/// The disks a resource reads (`read == true`) or writes, as `system.resources` lists them:
+/// in the order written, `ANY DISK` as `'ANY'`.
+pub fn resource_disks(r: &CreateResource, read: bool) -> Vec<&str> {
+    r.operations
+        .iter()
+        .filter_map(|op| match (op, read) {
+            (ResourceOperation::Read(d), true) | (ResourceOperation::Write(d), false) => {
+                Some(match d {
+                    DiskRef::Named(n) => n.as_str(),
+                    DiskRef::Any => "ANY",
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// One entity in the catalog, with where it came from.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub entity: Entity,
+    pub origin: Origin,
+}
+
+/// What a successful statement changed, for storage to persist.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The entity was created or replaced.
+    Upsert(Entity),
+    /// The entity was dropped.
+    Remove { kind: EntityKind, name: String },
+}
+
+/// An immutable snapshot. A change builds a new one ([`Catalog::apply`]); readers holding an
+/// `Arc<Catalog>` keep a consistent view.
+///
+/// Invariants (checked by `apply`, relied on by the compiler in `sluice-sched`):
+/// - names are unique across workloads and resources;
+/// - at most one workload has no parent (the root), and every parent exists and is a workload;
+/// - parent links have no cycles, so every workload reaches the root;
+/// - every `FOR` names an existing resource; every workload's settings resolve for every resource;
+/// - at most one resource covers each of `MASTER THREAD`, `WORKER THREAD`, `QUERY`,
+///   `MEMORY RESERVATION`.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    version: u64,
+    entities: BTreeMap<String, Arc<Stored>>,
+}
+
+impl Catalog {
+    pub fn new() -> Self {
+        Catalog::default()
+    }
+
+    /// Increases by one with every change.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Stored> {
+        self.entities.get(name).map(|s| s.as_ref())
+    }
+
+    /// All entities, ordered by name (byte-wise).
+    pub fn entities(&self) -> impl Iterator<Item = &Stored> {
+        self.entities.values().map(|s| s.as_ref())
+    }
+
+    pub fn workloads(&self) -> impl Iterator<Item = &CreateWorkload> {
+        self.entities().filter_map(|s| match &s.entity {
+            Entity::Workload(w) => Some(w),
+            Entity::Resource(_) => None,
+        })
+    }
+
+    pub fn resources(&self) -> impl Iterator<Item = &CreateResource> {
+        self.entities().filter_map(|s| match &s.entity {
+            Entity::Resource(r) => Some(r),
+            Entity::Workload(_) => None,
+        })
+    }
+
+    pub fn workload(&self, name: &str) -> Option<&CreateWorkload> {
+        match self.get(name).map(|s| &s.entity) {
+            Some(Entity::Workload(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The workload without a parent, if any.
+    pub fn root(&self) -> Option<&CreateWorkload> {
+        self.workloads().find(|w| w.parent.is_none())
+    }
+
+    /// The children of every workload, each list ordered by name.
+    pub fn children(&self) -> BTreeMap<&str, Vec<&CreateWorkload>> {
+        let mut map: BTreeMap<&str, Vec<&CreateWorkload>> = BTreeMap::new();
+        for w in self.workloads() {
+            if let Some(p) = &w.parent {
+                map.entry(p.as_str()).or_default().push(w);
+            }
+        }
+        map
+    }
+
+    /// Applies one statement from SQL. Returns the new snapshot and what changed (`None` when
+    /// `IF [NOT] EXISTS` made it a no-op); `self` is untouched either way.
+    pub fn apply(&self, statement: &Statement) -> Result<(Catalog, Option<Change>)> {
+        self.apply_from(statement, Origin::Sql)
+    }
+
+    /// Applies a statement as part of the read-only configuration layer.
+    pub fn apply_config(&self, statement: &Statement) -> Result<(Catalog, Option<Change>)> {
+        self.apply_from(statement, Origin::Config)
+    }
+
+    fn apply_from(
+        &self,
+        statement: &Statement,
+        origin: Origin,
+    ) -> Result<(Catalog, Option<Change>)> {
+        if statement.on_cluster().is_some() {
+            // sluice has no replicated DDL queue; ClickHouse without one says the same.
+            return Err(Error::new(
+                ErrorCode::QueryIsProhibited,
+                "Replicated DDL queries are disabled",
+            ));
+        }
+        match statement {
+            Statement::CreateWorkload(c) => {
+                let entity = Entity::Workload(CreateWorkload {
+                    options: Default::default(),
+                    ..c.clone()
+                });
+                self.store(
+                    entity,
+                    c.options.or_replace,
+                    c.options.if_not_exists,
+                    origin,
+                )
+            }
+            Statement::CreateResource(c) => {
+                let entity = Entity::Resource(CreateResource {
+                    options: Default::default(),
+                    ..c.clone()
+                });
+                self.store(
+                    entity,
+                    c.options.or_replace,
+                    c.options.if_not_exists,
+                    origin,
+                )
+            }
+            Statement::Drop(d) => self.remove(d),
+        }
+    }
+
+    fn store(
+        &self,
+        entity: Entity,
+        replace: bool,
+        if_not_exists: bool,
+        origin: Origin,
+    ) -> Result<(Catalog, Option<Change>)> {
+        let name = entity.name();
+        if name.is_empty() {
+            return Err(Error::bad_arguments(
+                "Workload entity name should not be empty",
+            ));
+        }
+        // One namespace for workloads and resources.
+        if let Some(old) = self.get(name) {
+            if if_not_exists {
+                return Ok((self.clone(), None));
+            }
+            if !replace {
+                return Err(Error::bad_arguments(format!(
+                    "Workload entity '{name}' already exists"
+                )));
+            }
+            if old.origin == Origin::Config {
+                return Err(Error::bad_arguments(format!(
+                    "It is not allowed to replace workload entity '{name}' that is stored in read-only configuration storage"
+                )));
+            }
+            match (&old.entity, &entity) {
+                (Entity::Workload(_), Entity::Resource(_)) => {
+                    return Err(Error::bad_arguments(format!(
+                        "Workload entity '{name}' already exists, but it is not a resource"
+                    )))
+                }
+                (Entity::Resource(_), Entity::Workload(_)) => {
+                    return Err(Error::bad_arguments(format!(
+                        "Workload entity '{name}' already exists, but it is not a workload"
+                    )))
+                }
+                (Entity::Workload(old), Entity::Workload(new)) => {
+                    if old.parent.is_none() && new.parent.is_some() {
+                        return Err(Error::bad_arguments(
+                            "It is not allowed to remove root workload",
+                        ));
+                    }
+                }
+                (Entity::Resource(old), Entity::Resource(new)) => {
+                    if old.unit() != new.unit() {
+                        return Err(Error::bad_arguments(format!(
+                            "Cost unit of resource '{name}' cannot be changed via CREATE OR REPLACE; drop and recreate the resource instead"
+                        )));
+                    }
+                }
+            }
+        }
+        match &entity {
+            Entity::Workload(w) => self.check_workload(w)?,
+            Entity::Resource(r) => self.check_resource(r)?,
+        }
+        let mut next = self.clone();
+        next.version += 1;
+        next.entities.insert(
+            name.to_string(),
+            Arc::new(Stored {
+                entity: entity.clone(),
+                origin,
+            }),
+        );
+        Ok((next, Some(Change::Upsert(entity))))
+    }
+
+    fn check_workload(&self, w: &CreateWorkload) -> Result<()> {
+        if w.parent.is_none() {
+            if let Some(root) = self.root() {
+                if root.name != w.name {
+                    return Err(Error::bad_arguments(format!(
+                        "The second root is not allowed. You should probably add 'PARENT {}' clause",
+                        root.name
+                    )));
+                }
+            }
+        }
+        // Settings without FOR first; FOR-bound ones once their resource is known.
+        WorkloadSettings::resolve(&w.settings, None)?;
+        let entity = Entity::Workload(w.clone());
+        for (i, target) in entity.references().into_iter().enumerate() {
+            let is_parent = i == 0 && w.parent.is_some();
+            let Some(stored) = self.get(target) else {
+                return Err(Error::bad_arguments(format!(
+                    "Workload entity '{}' references another workload entity '{target}' that doesn't exist",
+                    w.name
+                )));
+            };
+            match (&stored.entity, is_parent) {
+                (Entity::Workload(_), true) => self.check_no_cycle(&w.name, target)?,
+                (Entity::Resource(_), false) => {
+                    WorkloadSettings::resolve(&w.settings, Some(target))?;
+                }
+                (_, true) => {
+                    return Err(Error::bad_arguments(format!(
+                        "Workload parent should reference another workload, not '{target}'"
+                    )))
+                }
+                (_, false) => {
+                    return Err(Error::bad_arguments(format!(
+                        "Workload settings should reference resource in FOR clause, not '{target}'"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Making `parent` the parent of `name` must not close a loop: `parent`'s ancestors must not
+    /// include `name` (parent links are the only references between workloads).
+    fn check_no_cycle(&self, name: &str, parent: &str) -> Result<()> {
+        let mut at = Some(parent);
+        let mut steps = 0usize;
+        while let Some(current) = at {
+            if current == name || steps > self.entities.len() {
+                return Err(Error::bad_arguments(
+                    "Workload entity cycles are not allowed",
+                ));
+            }
+            at = self.workload(current).and_then(|w| w.parent.as_deref());
+            steps += 1;
+        }
+        Ok(())
+    }
+
+    fn check_resource(&self, r: &CreateResource) -> Result<()> {
+        for op in [
+            ResourceOperation::MasterThread,
+            ResourceOperation::WorkerThread,
+            ResourceOperation::Query,
+            ResourceOperation::MemoryReservation,
+        ] {
+            if !r.operations.contains(&op) {
+                continue;
+            }
+            if let Some(other) = self
+                .resources()
+                .find(|o| o.name != r.name && o.operations.contains(&op))
+            {
+                return Err(Error::bad_arguments(format!(
+                    "The second resource for {op} is not allowed. Current resource name: '{}'",
+                    other.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&self, d: &DropEntity) -> Result<(Catalog, Option<Change>)> {
+        let exists = self.get(&d.name).filter(|s| s.entity.kind() == d.kind);
+        let Some(stored) = exists else {
+            if d.if_exists {
+                return Ok((self.clone(), None));
+            }
+            return Err(Error::bad_arguments(format!(
+                "Workload entity '{}' doesn't exist",
+                d.name
+            )));
+        };
+        if stored.origin == Origin::Config {
+            return Err(Error::bad_arguments(format!(
+                "It is not allowed to remove workload entity '{}' that is stored in read-only configuration storage",
+                d.name
+            )));
+        }
+        let referrers: Vec<&str> = self
+            .entities()
+            .filter(|s| s.entity.references().contains(&d.name.as_str()))
+            .map(|s| s.entity.name())
+            .collect();
+        if !referrers.is_empty() {
+            let list: String = referrers.iter().map(|r| format!(" {r}")).collect();
+            return Err(Error::bad_arguments(format!(
+                "Workload entity '{}' cannot be dropped. It is referenced by:{list}",
+                d.name
+            )));
+        }
+        let mut next = self.clone();
+        next.version += 1;
+        next.entities.remove(&d.name);
+        Ok((
+            next,
+            Some(Change::Remove {
+                kind: d.kind,
+                name: d.name.clone(),
+            }),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_sql::parse_statement;
+
+    fn run(catalog: &Catalog, sql: &str) -> Result<Catalog> {
+        let stmt = parse_statement(sql)?;
+        catalog.apply(&stmt).map(|(c, _)| c)
+    }
+
+    fn ok(catalog: Catalog, sql: &str) -> Catalog {
+        match run(&catalog, sql) {
+            Ok(c) => c,
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
+
+    #[test]
+    fn rules_of_clickhouse_test_03232() {
+        let mut c = Catalog::new();
+        for sql in [
+            "create resource 03232_write (write disk 03232_fake_disk)",
+            "create resource 03232_read (read disk 03232_fake_disk)",
+            "create workload all settings max_io_requests = 100 for 03232_write, max_io_requests = 200 for 03232_read",
+            "create workload admin in all settings priority = 0",
+            "create workload production in all settings priority = 1, weight = 9",
+            "create workload development in all settings priority = 1, weight = 1",
+        ] {
+            c = ok(c, sql);
+        }
+        for (sql, code) in [
+            ("create workload another_root", ErrorCode::BadArguments),
+            (
+                "create workload self_ref in self_ref",
+                ErrorCode::BadArguments,
+            ),
+            ("drop workload all", ErrorCode::BadArguments),
+            (
+                "create workload invalid in 03232_write",
+                ErrorCode::BadArguments,
+            ),
+            (
+                "create workload invalid in all settings priority = 0 for all",
+                ErrorCode::BadArguments,
+            ),
+            (
+                "create or replace workload all in production",
+                ErrorCode::BadArguments,
+            ),
+            (
+                "create workload x in all on cluster c",
+                ErrorCode::SyntaxError,
+            ),
+            (
+                "create workload x on cluster c in all",
+                ErrorCode::QueryIsProhibited,
+            ),
+        ] {
+            assert_eq!(
+                run(&c, sql).map(|_| ()).map_err(|e| e.code),
+                Err(code),
+                "{sql}"
+            );
+        }
+        // Re-parenting through a leaf and back, and a cycle through OR REPLACE.
+        c = ok(c, "create or replace workload development in production");
+        assert!(run(&c, "create or replace workload production in development").is_err());
+        c = ok(c, "create or replace workload development in all");
+        let e = run(&c, "drop resource 03232_write")
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("Workload entity '03232_write' cannot be dropped. It is referenced by: all. (BAD_ARGUMENTS)")
+        );
+        assert_eq!(c.version(), 8);
+    }
+}

@@ -1,0 +1,22 @@
+//! # sluice-catalog: workloads and resources
+//!
+//! Owns the entities, every validation rule ClickHouse 26.9 enforces on them ([`catalog`]),
+//! setting typing, units and per-resource resolution ([`settings`]), and their storage in the
+//! data dir plus the read-only configuration layer ([`storage`]).
+//!
+//! Invariants:
+//! - A [`Catalog`] is an immutable snapshot; [`Catalog::apply`] returns a new one and leaves the
+//!   old untouched, so readers never see a half-applied change.
+//! - Every snapshot satisfies the rules listed on [`Catalog`]; the compiler may rely on them.
+//! - On disk, each entity is one file written atomically; a crash leaves each file either the
+//!   old or the new definition ([`storage::DiskStorage`]).
+//!
+//! It schedules nothing.
+
+pub mod catalog;
+pub mod settings;
+pub mod storage;
+
+pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored};
+pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
+pub use storage::{config_layer, escape_file_name, DiskStorage};

@@ -1,0 +1,155 @@
+//! Error codes shared by every layer: ClickHouse's code names and numbers, and the SQLSTATE a
+//! Postgres client can act on. This is the one place the mapping lives.
+
+use std::fmt;
+
+/// A ClickHouse error code (by name and number) as sluice reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadArguments,
+    BadGet,
+    CannotParseNumber,
+    CannotParseInputAssertionFailed,
+    AttemptToReadAfterEof,
+    IncorrectQuery,
+    SyntaxError,
+    InvalidSchedulerNode,
+    ResourceAccessDenied,
+    ResourceNotFound,
+    ServerOverloaded,
+    QueryWasCancelled,
+    ResourceLimitExceeded,
+    TimeoutExceeded,
+    SettingConstraintViolation,
+    AccessDenied,
+    QueryIsProhibited,
+    UnknownSetting,
+    /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
+    InternalError,
+}
+
+impl ErrorCode {
+    /// ClickHouse's code name, as printed at the end of its messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::BadArguments => "BAD_ARGUMENTS",
+            ErrorCode::BadGet => "BAD_GET",
+            ErrorCode::CannotParseNumber => "CANNOT_PARSE_NUMBER",
+            ErrorCode::CannotParseInputAssertionFailed => "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+            ErrorCode::AttemptToReadAfterEof => "ATTEMPT_TO_READ_AFTER_EOF",
+            ErrorCode::IncorrectQuery => "INCORRECT_QUERY",
+            ErrorCode::SyntaxError => "SYNTAX_ERROR",
+            ErrorCode::InvalidSchedulerNode => "INVALID_SCHEDULER_NODE",
+            ErrorCode::ResourceAccessDenied => "RESOURCE_ACCESS_DENIED",
+            ErrorCode::ResourceNotFound => "RESOURCE_NOT_FOUND",
+            ErrorCode::ServerOverloaded => "SERVER_OVERLOADED",
+            ErrorCode::QueryWasCancelled => "QUERY_WAS_CANCELLED",
+            ErrorCode::ResourceLimitExceeded => "RESOURCE_LIMIT_EXCEEDED",
+            ErrorCode::TimeoutExceeded => "TIMEOUT_EXCEEDED",
+            ErrorCode::SettingConstraintViolation => "SETTING_CONSTRAINT_VIOLATION",
+            ErrorCode::AccessDenied => "ACCESS_DENIED",
+            ErrorCode::QueryIsProhibited => "QUERY_IS_PROHIBITED",
+            ErrorCode::UnknownSetting => "UNKNOWN_SETTING",
+            ErrorCode::InternalError => "LOGICAL_ERROR",
+        }
+    }
+
+    /// ClickHouse's numeric code (checked with `errorCodeToName` on ClickHouse 26.9).
+    pub fn number(self) -> i32 {
+        match self {
+            ErrorCode::BadArguments => 36,
+            ErrorCode::BadGet => 170,
+            ErrorCode::CannotParseNumber => 72,
+            ErrorCode::CannotParseInputAssertionFailed => 27,
+            ErrorCode::AttemptToReadAfterEof => 32,
+            ErrorCode::IncorrectQuery => 80,
+            ErrorCode::SyntaxError => 62,
+            ErrorCode::InvalidSchedulerNode => 672,
+            ErrorCode::ResourceAccessDenied => 673,
+            ErrorCode::ResourceNotFound => 674,
+            ErrorCode::ServerOverloaded => 745,
+            ErrorCode::QueryWasCancelled => 394,
+            ErrorCode::ResourceLimitExceeded => 776,
+            ErrorCode::TimeoutExceeded => 159,
+            ErrorCode::SettingConstraintViolation => 452,
+            ErrorCode::AccessDenied => 497,
+            ErrorCode::QueryIsProhibited => 392,
+            ErrorCode::UnknownSetting => 115,
+            ErrorCode::InternalError => 49,
+        }
+    }
+
+    /// The SQLSTATE sluice sends to Postgres clients for this code (DESIGN.md, "Errors").
+    pub fn sqlstate(self) -> &'static str {
+        match self {
+            ErrorCode::SyntaxError => "42601",
+            ErrorCode::ResourceNotFound => "42704",
+            ErrorCode::BadArguments
+            | ErrorCode::BadGet
+            | ErrorCode::CannotParseNumber
+            | ErrorCode::CannotParseInputAssertionFailed
+            | ErrorCode::AttemptToReadAfterEof
+            | ErrorCode::IncorrectQuery
+            | ErrorCode::InvalidSchedulerNode
+            | ErrorCode::UnknownSetting => "22023",
+            ErrorCode::ServerOverloaded => "53000",
+            ErrorCode::ResourceLimitExceeded => "53200",
+            ErrorCode::ResourceAccessDenied
+            | ErrorCode::AccessDenied
+            | ErrorCode::SettingConstraintViolation
+            | ErrorCode::QueryIsProhibited => "42501",
+            ErrorCode::QueryWasCancelled | ErrorCode::TimeoutExceeded => "57014",
+            ErrorCode::InternalError => "XX000",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where in the input text something is: 1-based line and column (in characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Position {
+    pub line: u64,
+    pub column: u64,
+}
+
+/// An error with its ClickHouse code. `Display` prints the message the way ClickHouse does,
+/// with the code name at the end: `Workload entity 'all' already exists. (BAD_ARGUMENTS)`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}. ({})", code.name())]
+pub struct Error {
+    pub code: ErrorCode,
+    /// The message without the code suffix and without a final period.
+    pub message: String,
+    /// For syntax errors: where in the statement text the parser stopped.
+    pub position: Option<Position>,
+}
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        while message.ends_with('.') {
+            message.pop();
+        }
+        Error {
+            code,
+            message,
+            position: None,
+        }
+    }
+
+    pub fn with_position(mut self, position: Position) -> Self {
+        self.position = Some(position);
+        self
+    }
+
+    pub fn bad_arguments(message: impl Into<String>) -> Self {
+        Error::new(ErrorCode::BadArguments, message)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,26 @@
+//! # sluice-sql: the workload dialect
+//!
+//! Owns the text side of ClickHouse's workload DDL: tokenizing (sqlparser's tokenizer with
+//! ClickHouse's lexical rules, [`parser::SluiceDialect`]), the statements ([`ast`]), and their
+//! canonical text, which is exactly ClickHouse 26.9's normalized `create_query`.
+//! It also owns the error codes every layer reports ([`error`]).
+//!
+//! Invariants:
+//! - Parsing never panics and does bounded work on any input ([`parser::MAX_INPUT_BYTES`]; the
+//!   grammar has no nesting, so there is no recursion to bound).
+//! - For every statement `s`, `parse_statement(&s.to_string()) == Ok(s.normalized())`.
+//! - A `CreateResource` from the parser has at least one operation, all of one [`CostUnit`].
+//!
+//! It knows nothing of the catalog or the network.
+
+pub mod ast;
+pub mod error;
+pub mod parser;
+
+pub use ast::{
+    format_float, is_bare_identifier, CostUnit, CreateOptions, CreateResource, CreateWorkload,
+    DiskRef, DropEntity, EntityKind, Literal, QuotedIdent, ResourceOperation, SettingChange,
+    Statement,
+};
+pub use error::{Error, ErrorCode, Position, Result};
+pub use parser::{collapse_whitespace, parse_script, parse_statement, ScriptStatement};

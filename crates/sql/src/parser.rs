@@ -1,0 +1,730 @@
+//! Recursive-descent parser for the workload dialect over sqlparser's tokens.
+//!
+//! Naming follows sqlparser: `parse_x` returns a `Result`, `parse_keyword(s)` consumes only on a
+//! match and returns whether it did, `expect_x` fails with a syntax error on a miss, `peek_x`
+//! never consumes. The grammar has no nesting, so the parser has no recursion to bound; input
+//! size is bounded by [`MAX_INPUT_BYTES`].
+
+use sqlparser::dialect::{ClickHouseDialect, Dialect};
+use sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer, Whitespace};
+
+use crate::ast::{
+    CreateOptions, CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Literal,
+    ResourceOperation, SettingChange, Statement,
+};
+use crate::error::{Error, ErrorCode, Position, Result};
+
+/// The largest script or statement sluice will read (ClickHouse's `max_query_size` plays this
+/// role there). Larger input is a `SYNTAX_ERROR` rather than unbounded work.
+pub const MAX_INPUT_BYTES: usize = 16 * 1024 * 1024;
+
+/// ClickHouse's lexical rules on top of sqlparser's ClickHouse dialect: bare identifiers may start
+/// with digits (`03232_disk`), which in turn rules out `1_000`-style digit separators in the
+/// tokenizer (the parser reads a word of digits and underscores as a number instead).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SluiceDialect;
+
+impl Dialect for SluiceDialect {
+    fn is_identifier_start(&self, ch: char) -> bool {
+        ClickHouseDialect {}.is_identifier_start(ch)
+    }
+    fn is_identifier_part(&self, ch: char) -> bool {
+        ClickHouseDialect {}.is_identifier_part(ch)
+    }
+    fn is_delimited_identifier_start(&self, ch: char) -> bool {
+        ch == '"' || ch == '`'
+    }
+    fn supports_string_literal_backslash_escape(&self) -> bool {
+        true
+    }
+    fn supports_numeric_prefix(&self) -> bool {
+        true
+    }
+    fn supports_numeric_literal_underscores(&self) -> bool {
+        false
+    }
+}
+
+/// One statement of a script: its text as `sluice check` echoes it (`--` comments dropped,
+/// whitespace runs collapsed to one space) and what parsing it gave.
+#[derive(Debug, Clone)]
+pub struct ScriptStatement {
+    pub text: String,
+    pub result: Result<Statement>,
+}
+
+/// Parses exactly one statement (an optional trailing `;` is allowed).
+pub fn parse_statement(sql: &str) -> Result<Statement> {
+    let mut items = parse_script(sql);
+    match items.len() {
+        0 => Err(syntax_error(Position { line: 1, column: 1 }, "empty query")),
+        1 => items.remove(0).result,
+        _ => Err(Error::new(
+            ErrorCode::SyntaxError,
+            format!(
+                "Syntax error: multi-statement input: expected one statement, got {}",
+                items.len()
+            ),
+        )),
+    }
+}
+
+/// Splits a script at top-level `;` and parses each statement. Empty statements (only
+/// whitespace and comments) are skipped. Input that cannot be tokenized (an unterminated quote,
+/// say) ends the script with one error item holding the rest of the text.
+pub fn parse_script(sql: &str) -> Vec<ScriptStatement> {
+    if sql.len() > MAX_INPUT_BYTES {
+        return vec![ScriptStatement {
+            text: collapse_whitespace(&sql.chars().take(80).collect::<String>()) + " …",
+            result: Err(Error::new(
+                ErrorCode::SyntaxError,
+                format!(
+                    "Max query size exceeded: {} bytes, the maximum is {MAX_INPUT_BYTES}",
+                    sql.len()
+                ),
+            )),
+        }];
+    }
+    let dialect = SluiceDialect;
+    let mut tokens = Vec::new();
+    let failure = Tokenizer::new(&dialect, sql)
+        .tokenize_with_location_into_buf(&mut tokens)
+        .err();
+    let source = SourceMap::new(sql);
+    // On a tokenizer failure `tokens` holds what came before it; only the statements closed by a
+    // `;` before the failure are whole.
+    let split_end = match failure {
+        None => tokens.len(),
+        Some(_) => tokens
+            .iter()
+            .rposition(|t| t.token == Token::SemiColon)
+            .map_or(0, |p| p + 1),
+    };
+    let mut out = Vec::new();
+    let mut push = |stmt: &[TokenWithSpan], end: Option<Location>| {
+        if stmt.iter().any(|t| !is_trivia(&t.token)) {
+            out.push(ScriptStatement {
+                text: source.display_text(stmt),
+                result: Parser::new(stmt, end).parse_statement(),
+            });
+        }
+    };
+    let mut start = 0;
+    for i in 0..split_end {
+        if tokens[i].token == Token::SemiColon {
+            push(&tokens[start..i], Some(tokens[i].span.start));
+            start = i + 1;
+        }
+    }
+    match failure {
+        None => push(&tokens[start..], None),
+        Some(e) => {
+            let from = split_end
+                .checked_sub(1)
+                .map_or(0, |i| source.offset(tokens[i].span.end));
+            out.push(ScriptStatement {
+                text: collapse_whitespace(&sql[from..]),
+                result: Err(syntax_error(
+                    position(e.location),
+                    strip_location(&e.message),
+                )),
+            });
+        }
+    }
+    out
+}
+
+fn strip_location(message: &str) -> &str {
+    message.split(" at Line:").next().unwrap_or(message)
+}
+
+fn is_trivia(t: &Token) -> bool {
+    matches!(t, Token::Whitespace(_) | Token::EOF)
+}
+
+fn position(l: Location) -> Position {
+    Position {
+        line: l.line,
+        column: l.column,
+    }
+}
+
+fn syntax_error(at: Position, what: &str) -> Error {
+    Error::new(
+        ErrorCode::SyntaxError,
+        format!(
+            "Syntax error at line {}, column {}: {what}",
+            at.line, at.column
+        ),
+    )
+    .with_position(at)
+}
+
+/// Collapses every run of whitespace to one space and trims the ends.
+pub fn collapse_whitespace(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Maps tokenizer locations (1-based line, column in characters) back to byte offsets.
+struct SourceMap<'a> {
+    text: &'a str,
+    line_starts: Vec<usize>,
+}
+
+impl<'a> SourceMap<'a> {
+    fn new(text: &'a str) -> Self {
+        let mut line_starts = vec![0];
+        line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        SourceMap { text, line_starts }
+    }
+
+    fn offset(&self, l: Location) -> usize {
+        let Some(&start) = self.line_starts.get((l.line as usize).saturating_sub(1)) else {
+            return self.text.len();
+        };
+        let line = &self.text[start..];
+        let col = (l.column as usize).saturating_sub(1);
+        start + line.char_indices().nth(col).map_or(line.len(), |(i, _)| i)
+    }
+
+    /// The statement's source text without `--` comments, whitespace collapsed.
+    fn display_text(&self, tokens: &[TokenWithSpan]) -> String {
+        let mut s = String::new();
+        for t in tokens {
+            match &t.token {
+                Token::EOF => {}
+                Token::Whitespace(Whitespace::SingleLineComment { .. }) => s.push(' '),
+                _ => s.push_str(&self.text[self.offset(t.span.start)..self.offset(t.span.end)]),
+            }
+        }
+        collapse_whitespace(&s)
+    }
+}
+
+struct Parser<'a> {
+    /// The statement's tokens without whitespace and comments.
+    tokens: Vec<&'a TokenWithSpan>,
+    pos: usize,
+    /// Where the statement ends (the `;`), for errors at the end of input.
+    end: Option<Location>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(tokens: &'a [TokenWithSpan], end: Option<Location>) -> Self {
+        Parser {
+            tokens: tokens.iter().filter(|t| !is_trivia(&t.token)).collect(),
+            pos: 0,
+            end,
+        }
+    }
+
+    fn peek(&self) -> Option<&'a Token> {
+        self.tokens.get(self.pos).map(|t| &t.token)
+    }
+
+    fn peek_nth(&self, n: usize) -> Option<&'a Token> {
+        self.tokens.get(self.pos + n).map(|t| &t.token)
+    }
+
+    fn here(&self) -> Position {
+        match self.tokens.get(self.pos) {
+            Some(t) => position(t.span.start),
+            None => match (self.end, self.tokens.last()) {
+                (Some(end), _) => position(end),
+                (None, Some(last)) => position(last.span.end),
+                (None, None) => Position { line: 1, column: 1 },
+            },
+        }
+    }
+
+    /// A syntax error at the current token, listing what would have been accepted.
+    fn expected(&self, what: &[&str]) -> Error {
+        let found = match self.peek() {
+            Some(t) => format!("unexpected {t}"),
+            None => "unexpected end of query".to_string(),
+        };
+        let list = if what.len() == 1 {
+            format!("expected {}", what[0])
+        } else {
+            format!("expected one of: {}", what.join(", "))
+        };
+        syntax_error(self.here(), &format!("{found}, {list}"))
+    }
+
+    fn peek_keyword_at(&self, n: usize, kw: &str) -> bool {
+        matches!(self.peek_nth(n), Some(Token::Word(w)) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw))
+    }
+
+    #[must_use]
+    fn parse_keyword(&mut self, kw: &str) -> bool {
+        self.parse_keywords(&[kw])
+    }
+
+    /// Consumes the keyword sequence only if all of it is there.
+    #[must_use]
+    fn parse_keywords(&mut self, kws: &[&str]) -> bool {
+        if kws
+            .iter()
+            .enumerate()
+            .all(|(i, kw)| self.peek_keyword_at(i, kw))
+        {
+            self.pos += kws.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect_keyword(&mut self, kw: &str) -> Result<()> {
+        if self.parse_keyword(kw) {
+            Ok(())
+        } else {
+            Err(self.expected(&[kw]))
+        }
+    }
+
+    fn expect_token(&mut self, token: &Token, name: &str) -> Result<()> {
+        if self.peek() == Some(token) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(self.expected(&[name]))
+        }
+    }
+
+    fn expect_end(&self, alternatives: &[&str]) -> Result<()> {
+        if self.peek().is_none() {
+            Ok(())
+        } else {
+            let mut all = alternatives.to_vec();
+            all.push("end of query");
+            Err(self.expected(&all))
+        }
+    }
+
+    /// A bare, back-quoted or double-quoted identifier.
+    fn parse_identifier(&mut self) -> Result<String> {
+        match self.peek() {
+            // ClickHouse rejects an empty quoted identifier as a syntax error.
+            Some(Token::Word(w))
+                if matches!(w.quote_style, None | Some('`') | Some('"')) && !w.value.is_empty() =>
+            {
+                self.pos += 1;
+                Ok(w.value.clone())
+            }
+            _ => Err(self.expected(&["identifier"])),
+        }
+    }
+
+    fn parse_statement(&mut self) -> Result<Statement> {
+        if self.parse_keyword("CREATE") {
+            let or_replace = self.parse_keywords(&["OR", "REPLACE"]);
+            if self.parse_keyword("WORKLOAD") {
+                self.parse_create_workload(or_replace)
+            } else if self.parse_keyword("RESOURCE") {
+                self.parse_create_resource(or_replace)
+            } else if or_replace {
+                Err(self.expected(&["WORKLOAD", "RESOURCE"]))
+            } else {
+                Err(self.expected(&["OR REPLACE", "WORKLOAD", "RESOURCE"]))
+            }
+        } else if self.parse_keyword("DROP") {
+            let kind = if self.parse_keyword("WORKLOAD") {
+                EntityKind::Workload
+            } else if self.parse_keyword("RESOURCE") {
+                EntityKind::Resource
+            } else {
+                return Err(self.expected(&["WORKLOAD", "RESOURCE"]));
+            };
+            let if_exists = self.parse_keywords(&["IF", "EXISTS"]);
+            let name = self.parse_identifier()?;
+            let on_cluster = self.parse_on_cluster()?;
+            self.expect_end(if on_cluster.is_some() {
+                &[]
+            } else {
+                &["ON CLUSTER"]
+            })?;
+            Ok(Statement::Drop(DropEntity {
+                kind,
+                if_exists,
+                name,
+                on_cluster,
+            }))
+        } else {
+            Err(self.expected(&["CREATE", "DROP"]))
+        }
+    }
+
+    /// After `CREATE [OR REPLACE] WORKLOAD|RESOURCE`: `[IF NOT EXISTS] name [ON CLUSTER c]`.
+    /// As in ClickHouse, `IF NOT EXISTS` is only tried without `OR REPLACE`.
+    fn parse_create_head(&mut self, or_replace: bool) -> Result<(CreateOptions, String)> {
+        let if_not_exists = !or_replace && self.parse_keywords(&["IF", "NOT", "EXISTS"]);
+        let name = self.parse_identifier()?;
+        let on_cluster = self.parse_on_cluster()?;
+        Ok((
+            CreateOptions {
+                or_replace,
+                if_not_exists,
+                on_cluster,
+            },
+            name,
+        ))
+    }
+
+    fn parse_on_cluster(&mut self) -> Result<Option<String>> {
+        if !self.parse_keyword("ON") {
+            return Ok(None);
+        }
+        self.expect_keyword("CLUSTER")?;
+        match self.peek() {
+            Some(Token::SingleQuotedString(s)) => {
+                self.pos += 1;
+                Ok(Some(s.clone()))
+            }
+            _ => self.parse_identifier().map(Some),
+        }
+    }
+
+    fn parse_create_workload(&mut self, or_replace: bool) -> Result<Statement> {
+        let (options, name) = self.parse_create_head(or_replace)?;
+        let parent = if self.parse_keyword("IN") {
+            Some(self.parse_identifier()?)
+        } else {
+            None
+        };
+        let mut settings = Vec::new();
+        if self.parse_keyword("SETTINGS") {
+            loop {
+                settings.push(self.parse_setting()?);
+                if self.peek() != Some(&Token::Comma) {
+                    break;
+                }
+                self.pos += 1;
+            }
+        }
+        let mut rest: Vec<&str> = Vec::new();
+        if settings.is_empty() {
+            if parent.is_none() {
+                if options.on_cluster.is_none() {
+                    rest.push("ON CLUSTER");
+                }
+                rest.push("IN");
+            }
+            rest.push("SETTINGS");
+        } else {
+            rest.push(",");
+            rest.push("FOR");
+        }
+        self.expect_end(&rest)?;
+        Ok(Statement::CreateWorkload(CreateWorkload {
+            options,
+            name,
+            parent,
+            settings,
+        }))
+    }
+
+    fn parse_create_resource(&mut self, or_replace: bool) -> Result<Statement> {
+        let (options, name) = self.parse_create_head(or_replace)?;
+        if self.peek() != Some(&Token::LParen) {
+            return Err(self.expected(if options.on_cluster.is_some() {
+                &["("]
+            } else {
+                &["ON CLUSTER", "("]
+            }));
+        }
+        self.pos += 1;
+        let mut operations = Vec::new();
+        loop {
+            operations.push(self.parse_resource_operation()?);
+            match self.peek() {
+                Some(Token::Comma) => self.pos += 1,
+                Some(Token::RParen) => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return Err(self.expected(&[",", ")"])),
+            }
+        }
+        self.expect_end(&[])?;
+        // ClickHouse rejects mixed units while parsing, with one message for every mix.
+        let unit = operations[0].unit();
+        if operations.iter().any(|op| op.unit() != unit) {
+            return Err(Error::bad_arguments(
+                "Resource definition could not mix CPU and IO operations",
+            ));
+        }
+        Ok(Statement::CreateResource(CreateResource {
+            options,
+            name,
+            operations,
+        }))
+    }
+
+    fn parse_resource_operation(&mut self) -> Result<ResourceOperation> {
+        if self.parse_keyword("READ") {
+            return self.parse_disk().map(ResourceOperation::Read);
+        }
+        if self.parse_keyword("WRITE") {
+            return self.parse_disk().map(ResourceOperation::Write);
+        }
+        if self.parse_keywords(&["MASTER", "THREAD"]) {
+            return Ok(ResourceOperation::MasterThread);
+        }
+        if self.parse_keywords(&["WORKER", "THREAD"]) {
+            return Ok(ResourceOperation::WorkerThread);
+        }
+        if self.parse_keyword("QUERY") {
+            return Ok(ResourceOperation::Query);
+        }
+        if self.parse_keywords(&["MEMORY", "RESERVATION"]) {
+            return Ok(ResourceOperation::MemoryReservation);
+        }
+        Err(self.expected(&[
+            "READ",
+            "WRITE",
+            "MASTER THREAD",
+            "WORKER THREAD",
+            "QUERY",
+            "MEMORY RESERVATION",
+        ]))
+    }
+
+    fn parse_disk(&mut self) -> Result<DiskRef> {
+        if self.parse_keywords(&["ANY", "DISK"]) {
+            return Ok(DiskRef::Any);
+        }
+        if self.parse_keyword("DISK") {
+            return self.parse_identifier().map(DiskRef::Named);
+        }
+        Err(self.expected(&["DISK", "ANY DISK"]))
+    }
+
+    fn parse_setting(&mut self) -> Result<SettingChange> {
+        let name = self.parse_identifier()?;
+        self.expect_token(&Token::Eq, "=")?;
+        let value = self.parse_literal()?;
+        let resource = if self.parse_keyword("FOR") {
+            Some(self.parse_identifier()?)
+        } else {
+            None
+        };
+        Ok(SettingChange {
+            name,
+            value,
+            resource,
+        })
+    }
+
+    /// A literal as ClickHouse's `ParserLiteral` reads it: numbers (optionally signed; `0x..`,
+    /// `1_000`, `1e100`, `inf`, `nan`), strings, `NULL`, `true`, `false`.
+    fn parse_literal(&mut self) -> Result<Literal> {
+        const WHAT: &[&str] = &["number", "string literal", "NULL", "true", "false"];
+        let negative = match self.peek() {
+            Some(Token::Minus) => {
+                self.pos += 1;
+                true
+            }
+            Some(Token::Plus) => {
+                self.pos += 1;
+                false
+            }
+            _ => {
+                let literal = match self.peek() {
+                    Some(Token::SingleQuotedString(s)) => Some(Literal::String(s.clone())),
+                    Some(Token::Word(w)) if w.quote_style.is_none() => {
+                        match w.value.to_ascii_lowercase().as_str() {
+                            "null" => Some(Literal::Null),
+                            "true" => Some(Literal::Bool(true)),
+                            "false" => Some(Literal::Bool(false)),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(l) = literal {
+                    self.pos += 1;
+                    return Ok(l);
+                }
+                false
+            }
+        };
+        let Some(number) = self.peek().and_then(number_text) else {
+            return Err(self.expected(if negative { &["number"] } else { WHAT }));
+        };
+        self.pos += 1;
+        Ok(number_literal(&number, negative))
+    }
+}
+
+/// The text of a numeric token, or `None` if the token is not a number. Digit separators are
+/// removed and hexadecimal is marked with a `0x` prefix.
+fn number_text(t: &Token) -> Option<String> {
+    match t {
+        Token::Number(s, false) => Some(s.clone()),
+        Token::HexStringLiteral(s) if !s.is_empty() => Some(format!("0x{s}")),
+        Token::Word(w) if w.quote_style.is_none() => {
+            let v = w.value.as_str();
+            let lower = v.to_ascii_lowercase();
+            if matches!(lower.as_str(), "inf" | "infinity" | "nan") {
+                return Some(lower);
+            }
+            // `1_000`: the tokenizer reads a digit-led word, ClickHouse a number.
+            let separated = v
+                .split('_')
+                .all(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()));
+            (separated && v.contains('_')).then(|| v.replace('_', ""))
+        }
+        _ => None,
+    }
+}
+
+fn number_literal(text: &str, negative: bool) -> Literal {
+    let integer = if let Some(hex) = text.strip_prefix("0x") {
+        u64::from_str_radix(hex, 16).ok()
+    } else if text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>().ok()
+    } else {
+        None
+    };
+    match (integer, negative) {
+        (Some(v), false) => Literal::UInt(v),
+        (Some(0), true) => Literal::UInt(0),
+        (Some(v), true) if v <= i64::MAX as u64 + 1 => {
+            Literal::Int((v as i128).wrapping_neg() as i64)
+        }
+        _ => {
+            let v = if let Some(hex) = text.strip_prefix("0x") {
+                // Only reached when the hex literal overflows 64 bits.
+                hex.chars().fold(0f64, |acc, c| {
+                    acc * 16.0 + c.to_digit(16).unwrap_or(0) as f64
+                })
+            } else {
+                text.parse::<f64>().unwrap_or(f64::NAN)
+            };
+            Literal::Float(if negative { -v } else { v })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(sql: &str) -> Statement {
+        match parse_statement(sql) {
+            Ok(s) => s,
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
+
+    fn err(sql: &str) -> Error {
+        match parse_statement(sql) {
+            Ok(s) => panic!("{sql} parsed as {s:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn workload_round_trips_to_clickhouse_text() {
+        let s = one("create or replace workload IF_x in `all` settings weight = 9, priority = -1 for q, max_memory = '1Gi'");
+        assert_eq!(
+            s.to_string(),
+            "CREATE WORKLOAD IF_x IN `all` SETTINGS weight = 9, priority = -1 FOR q, max_memory = '1Gi'"
+        );
+        let s = one("CREATE WORKLOAD IF NOT EXISTS production IN all");
+        assert_eq!(s.to_string(), "CREATE WORKLOAD production IN `all`");
+    }
+
+    #[test]
+    fn digit_led_names_and_disks() {
+        let s = one("CREATE OR REPLACE RESOURCE 03232_resource_1 (WRITE DISK 03232_disk_1, READ DISK 03232_disk_1)");
+        assert_eq!(
+            s.to_string(),
+            "CREATE RESOURCE `03232_resource_1` (WRITE DISK `03232_disk_1`, READ DISK `03232_disk_1`)"
+        );
+    }
+
+    #[test]
+    fn literals_are_typed_like_clickhouse() {
+        let lit = |v: &str| match one(&format!("CREATE WORKLOAD w SETTINGS x = {v}")) {
+            Statement::CreateWorkload(c) => c.settings[0].value.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(lit("1"), Literal::UInt(1));
+        assert_eq!(lit("-1"), Literal::Int(-1));
+        assert_eq!(lit("+5"), Literal::UInt(5));
+        assert_eq!(lit("0x10"), Literal::UInt(16));
+        assert_eq!(lit("1_000"), Literal::UInt(1000));
+        assert_eq!(lit("1.5"), Literal::Float(1.5));
+        assert_eq!(lit("1e19"), Literal::Float(1e19));
+        assert_eq!(
+            lit("18446744073709551616"),
+            Literal::Float(18446744073709551616.0)
+        );
+        assert_eq!(lit("-9223372036854775808"), Literal::Int(i64::MIN));
+        assert_eq!(lit("Infinity"), Literal::Float(f64::INFINITY));
+        assert_eq!(lit("-inf"), Literal::Float(f64::NEG_INFINITY));
+        assert!(matches!(lit("nan"), Literal::Float(v) if v.is_nan()));
+        assert_eq!(lit("'a''b\\n'"), Literal::String("a'b\n".into()));
+        assert_eq!(lit("NULL"), Literal::Null);
+        assert_eq!(lit("TRUE"), Literal::Bool(true));
+    }
+
+    #[test]
+    fn or_replace_with_if_not_exists_is_a_syntax_error() {
+        let e = err("CREATE OR REPLACE WORKLOAD IF NOT EXISTS h IN all");
+        assert_eq!(e.code, ErrorCode::SyntaxError);
+        assert_eq!(
+            e.position,
+            Some(Position {
+                line: 1,
+                column: 31
+            })
+        );
+    }
+
+    #[test]
+    fn syntax_errors_say_where_and_what() {
+        let e = err("CREATE WORKLOAD w SETTINGS");
+        assert_eq!(e.code, ErrorCode::SyntaxError);
+        assert!(e.message.contains("expected identifier"), "{e}");
+        let e = err("CREATE RESOURCE r ()");
+        assert!(e.message.contains("line 1, column 20"), "{e}");
+        let e = err("CREATE WORKLOAD w SETTINGS a = b");
+        assert!(e.message.contains("expected one of: number"), "{e}");
+        let e = err("CREATE RESOURCE r (READ DISK d, MASTER THREAD)");
+        assert_eq!(e.code, ErrorCode::BadArguments);
+    }
+
+    #[test]
+    fn scripts_split_on_semicolons_and_drop_line_comments() {
+        let items = parse_script(
+            "-- setup\nCREATE WORKLOAD all; /* keep */ CREATE   WORKLOAD a IN all -- c\n SETTINGS weight=2;\n;DROP x",
+        );
+        let texts: Vec<_> = items.iter().map(|i| i.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "CREATE WORKLOAD all",
+                "/* keep */ CREATE WORKLOAD a IN all SETTINGS weight=2",
+                "DROP x"
+            ]
+        );
+        assert!(items[2].result.is_err());
+    }
+
+    #[test]
+    fn unterminated_quote_fails_the_rest_only() {
+        let items = parse_script("CREATE WORKLOAD a; CREATE WORKLOAD 'b");
+        assert_eq!(items.len(), 2);
+        assert!(items[0].result.is_ok());
+        assert_eq!(
+            items[1].result.as_ref().map_err(|e| e.code),
+            Err(ErrorCode::SyntaxError)
+        );
+        assert_eq!(items[1].text, "CREATE WORKLOAD 'b");
+        let items = parse_script("CREATE WORKLOAD `a");
+        assert_eq!(items.len(), 1);
+    }
+}

@@ -1,0 +1,43 @@
+//! `sluice.toml`: the parts the offline commands read. Unknown keys are errors, so a typo
+//! stops the start with a message naming the key. See docs/config.md.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub catalog: CatalogConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Where the catalog (and later the data) lives; default `./sluice-data`.
+    pub data_dir: Option<PathBuf>,
+    /// Cores the ratio settings resolve against; default: what the machine has.
+    pub cores: Option<u32>,
+    /// Memory in bytes the ratio settings resolve against; default: what the machine has.
+    pub memory: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// `;`-separated CREATE statements: a read-only layer of entities.
+    #[serde(default)]
+    pub statements: String,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}

@@ -1,0 +1,7 @@
+-- ClickHouse tests/queries/0_stateless/03232_resource_create_and_drop.sql
+CREATE OR REPLACE RESOURCE 03232_resource_1 (WRITE DISK 03232_disk_1, READ DISK 03232_disk_1);
+CREATE RESOURCE IF NOT EXISTS 03232_resource_2 (READ DISK 03232_disk_2);
+CREATE RESOURCE 03232_resource_3 (WRITE DISK 03232_disk_2);
+DROP RESOURCE IF EXISTS 03232_resource_2;
+DROP RESOURCE 03232_resource_3;
+CREATE RESOURCE IF NOT EXISTS 03232_resource_1 (READ DISK other);

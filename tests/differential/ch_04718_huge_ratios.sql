@@ -1,0 +1,21 @@
+-- ClickHouse PR #113206 (04718_*): huge ratios are accepted and clamped; inf and nan are not.
+CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+CREATE RESOURCE mem (MEMORY RESERVATION);
+CREATE WORKLOAD all;
+CREATE WORKLOAD r1 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 9223372036854775807;
+CREATE WORKLOAD r2 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 9223372036854775807.0;
+CREATE WORKLOAD r3 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 1e19;
+CREATE WORKLOAD r4 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 1e100;
+CREATE WORKLOAD r5 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 1.7976931348623157e308;
+CREATE WORKLOAD r6 IN all SETTINGS max_memory_ratio = 9223372036854775807;
+CREATE WORKLOAD r7 IN all SETTINGS max_memory_ratio = 1e100;
+CREATE WORKLOAD r8 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 0;
+CREATE WORKLOAD r9 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 0.5;
+CREATE WORKLOAD r10 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 2.5;
+CREATE WORKLOAD r11 IN all SETTINGS max_concurrent_threads_ratio_to_cores = 1e-9;
+CREATE WORKLOAD r12 IN all SETTINGS max_concurrent_threads = 4, max_concurrent_threads_ratio_to_cores = 1e100;
+CREATE WORKLOAD r13 IN all SETTINGS max_concurrent_threads_ratio_to_cores = inf;
+CREATE WORKLOAD r13 IN all SETTINGS max_concurrent_threads_ratio_to_cores = nan;
+CREATE WORKLOAD r13 IN all SETTINGS max_concurrent_threads_ratio_to_cores = -0.1;
+CREATE WORKLOAD r14 IN all SETTINGS max_memory_ratio = 0.5, max_memory = '1Ti';
+CREATE WORKLOAD r15 IN all SETTINGS max_memory_ratio = 1e-30;

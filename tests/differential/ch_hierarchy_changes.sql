@@ -1,0 +1,24 @@
+-- tests/integration/test_scheduler/test.py::test_workload_hierarchy_changes (priority fan-out and teardown)
+create workload all;
+create workload X in all settings priority=0;
+create workload Y in all settings priority=1;
+create workload A1 in X settings priority=-1;
+create workload B1 in X settings priority=1;
+create workload C1 in Y settings priority=-1;
+create workload D1 in Y settings priority=1;
+create workload A2 in X settings priority=-1;
+create workload B2 in X settings priority=1;
+create workload C2 in Y settings priority=-1;
+create workload D2 in Y settings priority=1;
+create resource io_test (write disk non_existent_disk, read disk non_existent_disk);
+drop workload A1;
+drop workload A2;
+drop workload B1;
+drop workload B2;
+create resource q_test (query);
+drop workload C1;
+drop workload C2;
+drop workload D1;
+create workload A1 in X settings priority=-1;
+create workload A2 in X settings priority=0;
+create workload A3 in X settings priority=-1;

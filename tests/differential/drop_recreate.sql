@@ -1,0 +1,13 @@
+-- Dropping and re-creating entities, including the root, and a resource with a new unit.
+CREATE RESOURCE r (QUERY);
+CREATE WORKLOAD all;
+CREATE WORKLOAD a IN all SETTINGS weight = 2;
+DROP WORKLOAD a;
+CREATE WORKLOAD a IN all SETTINGS weight = 3;
+DROP WORKLOAD a;
+DROP WORKLOAD all;
+DROP RESOURCE r;
+CREATE RESOURCE r (MEMORY RESERVATION);
+CREATE WORKLOAD root2 SETTINGS max_memory = '1Mi';
+CREATE WORKLOAD a IN root2;
+CREATE RESOURCE r2 (QUERY);

@@ -1,0 +1,28 @@
+-- How each setting's literal is typed: BAD_GET, CANNOT_PARSE_NUMBER, INVALID_SCHEDULER_NODE.
+CREATE WORKLOAD all;
+CREATE WORKLOAD a IN all SETTINGS priority = 'invalid_value';
+CREATE WORKLOAD a IN all SETTINGS priority = 1.0;
+CREATE WORKLOAD a IN all SETTINGS priority = '1';
+CREATE WORKLOAD a IN all SETTINGS precedence = 0.5;
+CREATE WORKLOAD a IN all SETTINGS priority = NULL;
+CREATE WORKLOAD a IN all SETTINGS weight = 0;
+CREATE WORKLOAD a IN all SETTINGS weight = 0.0;
+CREATE WORKLOAD a IN all SETTINGS weight = -0.0;
+CREATE WORKLOAD a IN all SETTINGS weight = NULL;
+CREATE WORKLOAD a IN all SETTINGS weight = true;
+CREATE WORKLOAD a IN all SETTINGS weight = inf;
+CREATE WORKLOAD a IN all SETTINGS weight = nan;
+CREATE WORKLOAD a IN all SETTINGS weight = -inf;
+CREATE WORKLOAD a IN all SETTINGS max_io_requests = 1.5;
+CREATE WORKLOAD a IN all SETTINGS max_memory = 1e9;
+CREATE WORKLOAD a_bool IN all SETTINGS max_concurrent_queries = false, max_memory = true;
+CREATE WORKLOAD a_bool2 IN all SETTINGS priority = true;
+CREATE WORKLOAD a_bool3 IN all SETTINGS max_waiting_queries = true, max_io_requests = true;
+CREATE WORKLOAD a IN all SETTINGS max_waiting_queries = 2.0;
+CREATE WORKLOAD a IN all SETTINGS unknown_setting = 42;
+CREATE WORKLOAD a IN all SETTINGS Weight = 2;
+CREATE WORKLOAD a IN all SETTINGS weight = 2, unknown = 1, weight = 0;
+CREATE WORKLOAD a IN all SETTINGS weight = 0, max_io_requests = 1.5;
+CREATE WORKLOAD a IN all SETTINGS max_cpus = 1e308, max_cpu_share = 1e-308;
+CREATE WORKLOAD b IN all SETTINGS priority = 18446744073709551615, precedence = -9223372036854775808;
+CREATE WORKLOAD c IN all SETTINGS weight = '5k', max_speed = '10Mi';

@@ -1,0 +1,9 @@
+-- ON CLUSTER without replicated DDL is prohibited; it parses only before IN / the operations.
+CREATE WORKLOAD all ON CLUSTER default;
+CREATE WORKLOAD all;
+CREATE WORKLOAD x ON CLUSTER default IN all SETTINGS weight = 2;
+CREATE RESOURCE r ON CLUSTER 'c' (QUERY);
+DROP WORKLOAD all ON CLUSTER default;
+DROP RESOURCE IF EXISTS r ON CLUSTER c;
+CREATE WORKLOAD x IN all ON CLUSTER default;
+CREATE OR REPLACE WORKLOAD all ON CLUSTER c;
