@@ -137,11 +137,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut out = String::new();
             for item in parse_script(&setup.script) {
                 out.push_str(&format!(">> {}\n", item.text));
-                match item.result.and_then(|stmt| catalog.apply(&stmt)) {
-                    Ok((next, _)) => {
-                        catalog = next;
-                        out.push_str("OK\n");
-                    }
+                match item.result.and_then(|stmt| catalog.apply_mut(&stmt)) {
+                    Ok(_) => out.push_str("OK\n"),
                     Err(e) => {
                         all_ok = false;
                         out.push_str(&format!("ERROR {}: {e}\n", e.code.name()));

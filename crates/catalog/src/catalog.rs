@@ -84,7 +84,7 @@ pub fn resource_disks(r: &CreateResource, read: bool) -> Vec<&str> {
 }
 
 /// One entity in the catalog, with where it came from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Stored {
     pub entity: Entity,
     pub origin: Origin,
@@ -113,6 +113,8 @@ pub enum Change {
 pub struct Catalog {
     version: u64,
     entities: BTreeMap<String, Arc<Stored>>,
+    /// The name of the workload without a parent (derived from `entities`, kept for speed).
+    root: Option<String>,
 }
 
 impl Catalog {
@@ -127,6 +129,12 @@ impl Catalog {
 
     pub fn get(&self, name: &str) -> Option<&Stored> {
         self.entities.get(name).map(|s| s.as_ref())
+    }
+
+    /// The shared definition of an entity. Snapshots derived from one another share the `Arc`
+    /// of every entity a change did not touch, so `Arc::ptr_eq` tells "unchanged" in O(1).
+    pub fn stored(&self, name: &str) -> Option<&Arc<Stored>> {
+        self.entities.get(name)
     }
 
     /// All entities, ordered by name (byte-wise).
@@ -157,7 +165,7 @@ impl Catalog {
 
     /// The workload without a parent, if any.
     pub fn root(&self) -> Option<&CreateWorkload> {
-        self.workloads().find(|w| w.parent.is_none())
+        self.root.as_deref().and_then(|r| self.workload(r))
     }
 
     /// The children of every workload, each list ordered by name.
@@ -174,19 +182,24 @@ impl Catalog {
     /// Applies one statement from SQL. Returns the new snapshot and what changed (`None` when
     /// `IF [NOT] EXISTS` made it a no-op); `self` is untouched either way.
     pub fn apply(&self, statement: &Statement) -> Result<(Catalog, Option<Change>)> {
+        let mut next = self.clone();
+        let change = next.apply_mut(statement)?;
+        Ok((next, change))
+    }
+
+    /// Applies one statement in place: for building a catalog from many statements (loading a
+    /// data dir, `sluice check`) without copying it per statement. Every check runs before
+    /// anything changes, so on error `self` is untouched.
+    pub fn apply_mut(&mut self, statement: &Statement) -> Result<Option<Change>> {
         self.apply_from(statement, Origin::Sql)
     }
 
     /// Applies a statement as part of the read-only configuration layer.
-    pub fn apply_config(&self, statement: &Statement) -> Result<(Catalog, Option<Change>)> {
+    pub fn apply_config(&mut self, statement: &Statement) -> Result<Option<Change>> {
         self.apply_from(statement, Origin::Config)
     }
 
-    fn apply_from(
-        &self,
-        statement: &Statement,
-        origin: Origin,
-    ) -> Result<(Catalog, Option<Change>)> {
+    fn apply_from(&mut self, statement: &Statement, origin: Origin) -> Result<Option<Change>> {
         if statement.on_cluster().is_some() {
             // sluice has no replicated DDL queue; ClickHouse without one says the same.
             return Err(Error::new(
@@ -194,42 +207,33 @@ impl Catalog {
                 "Replicated DDL queries are disabled",
             ));
         }
-        match statement {
-            Statement::CreateWorkload(c) => {
-                let entity = Entity::Workload(CreateWorkload {
+        let (entity, options) = match statement {
+            Statement::CreateWorkload(c) => (
+                Entity::Workload(CreateWorkload {
                     options: Default::default(),
                     ..c.clone()
-                });
-                self.store(
-                    entity,
-                    c.options.or_replace,
-                    c.options.if_not_exists,
-                    origin,
-                )
-            }
-            Statement::CreateResource(c) => {
-                let entity = Entity::Resource(CreateResource {
+                }),
+                &c.options,
+            ),
+            Statement::CreateResource(c) => (
+                Entity::Resource(CreateResource {
                     options: Default::default(),
                     ..c.clone()
-                });
-                self.store(
-                    entity,
-                    c.options.or_replace,
-                    c.options.if_not_exists,
-                    origin,
-                )
-            }
-            Statement::Drop(d) => self.remove(d),
-        }
+                }),
+                &c.options,
+            ),
+            Statement::Drop(d) => return self.remove(d),
+        };
+        self.store(entity, options.or_replace, options.if_not_exists, origin)
     }
 
     fn store(
-        &self,
+        &mut self,
         entity: Entity,
         replace: bool,
         if_not_exists: bool,
         origin: Origin,
-    ) -> Result<(Catalog, Option<Change>)> {
+    ) -> Result<Option<Change>> {
         let name = entity.name();
         if name.is_empty() {
             return Err(Error::bad_arguments(
@@ -239,7 +243,7 @@ impl Catalog {
         // One namespace for workloads and resources.
         if let Some(old) = self.get(name) {
             if if_not_exists {
-                return Ok((self.clone(), None));
+                return Ok(None);
             }
             if !replace {
                 return Err(Error::bad_arguments(format!(
@@ -282,16 +286,21 @@ impl Catalog {
             Entity::Workload(w) => self.check_workload(w)?,
             Entity::Resource(r) => self.check_resource(r)?,
         }
-        let mut next = self.clone();
-        next.version += 1;
-        next.entities.insert(
-            name.to_string(),
+        let name = name.to_string();
+        if let Entity::Workload(w) = &entity {
+            if w.parent.is_none() {
+                self.root = Some(name.clone());
+            }
+        }
+        self.version += 1;
+        self.entities.insert(
+            name,
             Arc::new(Stored {
                 entity: entity.clone(),
                 origin,
             }),
         );
-        Ok((next, Some(Change::Upsert(entity))))
+        Ok(Some(Change::Upsert(entity)))
     }
 
     fn check_workload(&self, w: &CreateWorkload) -> Result<()> {
@@ -376,11 +385,11 @@ impl Catalog {
         Ok(())
     }
 
-    fn remove(&self, d: &DropEntity) -> Result<(Catalog, Option<Change>)> {
+    fn remove(&mut self, d: &DropEntity) -> Result<Option<Change>> {
         let exists = self.get(&d.name).filter(|s| s.entity.kind() == d.kind);
         let Some(stored) = exists else {
             if d.if_exists {
-                return Ok((self.clone(), None));
+                return Ok(None);
             }
             return Err(Error::bad_arguments(format!(
                 "Workload entity '{}' doesn't exist",
@@ -405,16 +414,15 @@ impl Catalog {
                 d.name
             )));
         }
-        let mut next = self.clone();
-        next.version += 1;
-        next.entities.remove(&d.name);
-        Ok((
-            next,
-            Some(Change::Remove {
-                kind: d.kind,
-                name: d.name.clone(),
-            }),
-        ))
+        self.version += 1;
+        self.entities.remove(&d.name);
+        if self.root.as_deref() == Some(d.name.as_str()) {
+            self.root = None;
+        }
+        Ok(Some(Change::Remove {
+            kind: d.kind,
+            name: d.name.clone(),
+        }))
     }
 }
 

@@ -122,14 +122,14 @@ impl DiskStorage {
             }
         }
         let mut catalog = base;
-        let apply = |catalog: &Catalog, path: &Path, stmt: &Statement| {
-            catalog.apply(stmt).map(|(c, _)| c).map_err(|e| Error {
+        let apply = |catalog: &mut Catalog, path: &Path, stmt: &Statement| {
+            catalog.apply_mut(stmt).map(|_| ()).map_err(|e| Error {
                 message: format!("cannot load {}: {}", path.display(), e),
                 ..e
             })
         };
         for (path, stmt) in &resources {
-            catalog = apply(&catalog, path, stmt)?;
+            apply(&mut catalog, path, stmt)?;
         }
         // Parents before children: repeatedly apply what has its parent in place.
         let mut pending = workloads;
@@ -144,7 +144,7 @@ impl DiskStorage {
                     _ => true,
                 };
                 if ready {
-                    catalog = apply(&catalog, &path, &stmt)?;
+                    apply(&mut catalog, &path, &stmt)?;
                 } else {
                     rest.push((path, stmt, name));
                 }
@@ -152,7 +152,7 @@ impl DiskStorage {
             if rest.len() == before {
                 let (path, stmt, _) = &rest[0];
                 // Applying it reports the missing parent (or the cycle) in ClickHouse's words.
-                apply(&catalog, path, stmt)?;
+                apply(&mut catalog, path, stmt)?;
                 return Err(Error::new(
                     ErrorCode::InternalError,
                     format!(
@@ -222,13 +222,10 @@ pub fn config_layer(statements: &str) -> Result<Catalog> {
                 item.text
             )));
         }
-        catalog = catalog
-            .apply_config(&stmt)
-            .map(|(c, _)| c)
-            .map_err(|e| Error {
-                message: format!("catalog.statements: {}: {}", item.text, e.message),
-                ..e
-            })?;
+        catalog.apply_config(&stmt).map_err(|e| Error {
+            message: format!("catalog.statements: {}: {}", item.text, e.message),
+            ..e
+        })?;
     }
     Ok(catalog)
 }

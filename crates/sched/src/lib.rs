@@ -1,6 +1,7 @@
 //! # sluice-sched: scheduler trees
 //!
-//! Owns compiling a catalog snapshot into one node tree per resource ([`tree::compile`]), the
+//! Owns compiling a catalog snapshot into one node tree per resource ([`tree::compile`], and
+//! [`tree::recompile`] which reuses the unchanged subtrees of an earlier compilation), the
 //! shape ClickHouse 26.9 builds and `system.scheduler` shows. The runtime nodes (queues, fair and
 //! priority policies, limits, admission futures and permits, a `Clock` for virtual time) grow on
 //! these trees.
@@ -14,4 +15,6 @@
 
 pub mod tree;
 
-pub use tree::{compile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees};
+pub use tree::{
+    compile, recompile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees,
+};

@@ -12,9 +12,10 @@
 //! ```
 //! Time-shared resources group children by `priority`, memory by `precedence`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use sluice_catalog::{Catalog, WorkloadSettings, UNLIMITED};
+use sluice_catalog::{Catalog, Stored, WorkloadSettings, UNLIMITED};
 use sluice_sql::{CostUnit, CreateResource, CreateWorkload, Result};
 
 /// What the machine offers, for the settings that are ratios of it.
@@ -81,7 +82,7 @@ pub struct Node {
     pub priority: i64,
     /// Lower is admitted first and evicted last among siblings (memory).
     pub precedence: i64,
-    pub children: Vec<Node>,
+    pub children: Vec<Arc<Node>>,
 }
 
 impl Node {
@@ -112,13 +113,26 @@ pub struct ResourceTree {
     pub resource: String,
     pub unit: CostUnit,
     /// The root workload's node; `None` while there are no workloads.
-    pub root: Option<Node>,
+    pub root: Option<Arc<Node>>,
+    /// The resource's definition the tree was compiled from.
+    definition: Arc<Stored>,
+    /// Each workload's compiled node, with the definition it came from and its number of
+    /// children: what [`recompile`] needs to reuse unchanged subtrees.
+    compiled: HashMap<String, Compiled>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Compiled {
+    definition: Arc<Stored>,
+    node: Arc<Node>,
+    children: usize,
 }
 
 /// Every resource's tree, compiled from one catalog snapshot. Immutable, like the snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerTrees {
     pub catalog_version: u64,
+    pub machine: Machine,
     pub trees: Vec<ResourceTree>,
 }
 
@@ -271,36 +285,81 @@ fn constraints(s: &WorkloadSettings, unit: CostUnit, machine: Machine) -> Vec<No
 }
 
 struct Compiler<'a> {
+    catalog: &'a Catalog,
     resource: &'a CreateResource,
     unit: CostUnit,
     machine: Machine,
-    children: BTreeMap<&'a str, Vec<&'a CreateWorkload>>,
+    children: &'a BTreeMap<&'a str, Vec<&'a CreateWorkload>>,
+    /// The previous compilation of this resource's tree, when it may be reused.
+    previous: Option<&'a ResourceTree>,
+    compiled: HashMap<String, Compiled>,
 }
 
 impl Compiler<'_> {
-    fn workload(&self, w: &CreateWorkload) -> Result<Node> {
+    /// Compiles workload `w` and its subtree; returns the node and whether it was reused.
+    fn workload(&mut self, w: &CreateWorkload) -> Result<(Arc<Node>, bool)> {
+        let children = self
+            .children
+            .get(w.name.as_str())
+            .map_or(&[][..], |c| c.as_slice());
+        let mut child_nodes = Vec::with_capacity(children.len());
+        let mut all_reused = true;
+        for child in children {
+            let (node, reused) = self.workload(child)?;
+            all_reused &= reused;
+            child_nodes.push(node);
+        }
+        let definition = self
+            .catalog
+            .stored(&w.name)
+            .cloned()
+            .expect("a catalog workload has a stored definition");
+        // Reuse when this workload's definition is the very same, and so is each child's
+        // subtree (children keep their parent, so an unchanged count means the same children).
+        if let Some(prev) = self.previous.and_then(|p| p.compiled.get(&w.name)) {
+            if all_reused
+                && prev.children == children.len()
+                && Arc::ptr_eq(&prev.definition, &definition)
+            {
+                let node = prev.node.clone();
+                self.compiled.insert(w.name.clone(), prev.clone());
+                return Ok((node, true));
+            }
+        }
+        let node = Arc::new(self.build(w, child_nodes)?);
+        self.compiled.insert(
+            w.name.clone(),
+            Compiled {
+                definition,
+                node: node.clone(),
+                children: children.len(),
+            },
+        );
+        Ok((node, false))
+    }
+
+    fn build(&self, w: &CreateWorkload, children: Vec<Arc<Node>>) -> Result<Node> {
         let s = WorkloadSettings::resolve(&w.settings, Some(&self.resource.name))?;
         let space = self.unit.is_space_shared();
         let mut chain = constraints(&s, self.unit, self.machine);
-        let inner = match self.children.get(w.name.as_str()) {
-            None => {
-                // ClickHouse only limits waiting for queries and memory; IO and CPU queue freely.
-                let max_queued = match self.unit {
-                    CostUnit::QuerySlot | CostUnit::MemoryByte => s.max_waiting_queries,
-                    _ => UNLIMITED,
-                };
-                if space {
-                    Node::internal("queue", NodeKind::AllocationQueue { max_queued })
-                } else {
-                    Node::internal("fifo", NodeKind::Fifo { max_queued })
-                }
+        let inner = if children.is_empty() {
+            // ClickHouse only limits waiting for queries and memory; IO and CPU queue freely.
+            let max_queued = match self.unit {
+                CostUnit::QuerySlot | CostUnit::MemoryByte => s.max_waiting_queries,
+                _ => UNLIMITED,
+            };
+            if space {
+                Node::internal("queue", NodeKind::AllocationQueue { max_queued })
+            } else {
+                Node::internal("fifo", NodeKind::Fifo { max_queued })
             }
-            Some(children) => self.children_node(children)?,
+        } else {
+            self.children_node(children)
         };
         // Nest: workload ⊃ throttler ⊃ semaphore ⊃ inner.
         let mut node = inner;
         while let Some(mut outer) = chain.pop() {
-            outer.children.push(node);
+            outer.children.push(Arc::new(node));
             node = outer;
         }
         Ok(Node {
@@ -309,16 +368,15 @@ impl Compiler<'_> {
             weight: s.weight,
             priority: s.priority,
             precedence: s.precedence,
-            children: vec![node],
+            children: vec![Arc::new(node)],
         })
     }
 
     /// The node under which a workload's children hang, grouped by priority (or precedence).
-    fn children_node(&self, children: &[&CreateWorkload]) -> Result<Node> {
+    fn children_node(&self, children: Vec<Arc<Node>>) -> Node {
         let space = self.unit.is_space_shared();
-        let mut groups: BTreeMap<i64, Vec<Node>> = BTreeMap::new();
-        for child in children {
-            let node = self.workload(child)?;
+        let mut groups: BTreeMap<i64, Vec<Arc<Node>>> = BTreeMap::new();
+        for node in children {
             let key = if space {
                 node.precedence
             } else {
@@ -326,7 +384,7 @@ impl Compiler<'_> {
             };
             groups.entry(key).or_default().push(node);
         }
-        let mut grouped: Vec<Node> = groups
+        let mut grouped: Vec<Arc<Node>> = groups
             .into_iter()
             .map(|(key, mut nodes)| {
                 if nodes.len() == 1 {
@@ -344,12 +402,12 @@ impl Compiler<'_> {
                         fair.priority = key;
                     }
                     fair.children = nodes;
-                    fair
+                    Arc::new(fair)
                 }
             })
             .collect();
         if grouped.len() == 1 {
-            return Ok(grouped.remove(0));
+            return Arc::unwrap_or_clone(grouped.remove(0));
         }
         let kind = if space {
             NodeKind::PrecedenceAllocation
@@ -358,34 +416,59 @@ impl Compiler<'_> {
         };
         let mut prio = Node::internal("prio", kind);
         prio.children = grouped;
-        Ok(prio)
+        prio
     }
 }
 
 /// Compiles every resource's tree from a catalog snapshot.
 pub fn compile(catalog: &Catalog, machine: Machine) -> Result<SchedulerTrees> {
+    recompile(catalog, machine, None)
+}
+
+/// Compiles every resource's tree, reusing from `previous` (the trees of an earlier snapshot
+/// this one was derived from) every workload subtree that did not change. The result is equal to
+/// [`compile`]'s; only the work differs: one change costs a lookup per workload instead of a
+/// rebuild of every tree.
+pub fn recompile(
+    catalog: &Catalog,
+    machine: Machine,
+    previous: Option<&SchedulerTrees>,
+) -> Result<SchedulerTrees> {
+    let previous = previous.filter(|p| p.machine == machine);
     let children = catalog.children();
-    let root = catalog.root();
     let mut trees = Vec::new();
     for resource in catalog.resources() {
-        let compiler = Compiler {
+        let definition = catalog
+            .stored(&resource.name)
+            .cloned()
+            .expect("a catalog resource has a stored definition");
+        let prev_tree = previous
+            .and_then(|p| p.tree(&resource.name))
+            .filter(|t| Arc::ptr_eq(&t.definition, &definition));
+        let mut compiler = Compiler {
+            catalog,
             resource,
             unit: resource.unit(),
             machine,
-            children: children.clone(),
+            children: &children,
+            previous: prev_tree,
+            compiled: HashMap::new(),
         };
-        let root = match root {
-            Some(r) => Some(compiler.workload(r)?),
+        let root = match catalog.root() {
+            Some(r) => Some(compiler.workload(r)?.0),
             None => None,
         };
         trees.push(ResourceTree {
             resource: resource.name.clone(),
             unit: resource.unit(),
             root,
+            definition,
+            compiled: compiler.compiled,
         });
     }
     Ok(SchedulerTrees {
         catalog_version: catalog.version(),
+        machine,
         trees,
     })
 }

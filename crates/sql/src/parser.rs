@@ -169,32 +169,73 @@ pub fn collapse_whitespace(s: &str) -> String {
 struct SourceMap<'a> {
     text: &'a str,
     line_starts: Vec<usize>,
+    /// Lines that are pure ASCII, where a column is a byte offset (the common case, and the
+    /// fast one).
+    line_ascii: Vec<bool>,
 }
 
 impl<'a> SourceMap<'a> {
     fn new(text: &'a str) -> Self {
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        SourceMap { text, line_starts }
+        let line_ascii = line_starts
+            .iter()
+            .enumerate()
+            .map(|(i, &start)| {
+                let end = line_starts.get(i + 1).copied().unwrap_or(text.len());
+                text.as_bytes()[start..end].is_ascii()
+            })
+            .collect();
+        SourceMap {
+            text,
+            line_starts,
+            line_ascii,
+        }
     }
 
     fn offset(&self, l: Location) -> usize {
-        let Some(&start) = self.line_starts.get((l.line as usize).saturating_sub(1)) else {
+        let line = (l.line as usize).saturating_sub(1);
+        let Some(&start) = self.line_starts.get(line) else {
             return self.text.len();
         };
-        let line = &self.text[start..];
         let col = (l.column as usize).saturating_sub(1);
-        start + line.char_indices().nth(col).map_or(line.len(), |(i, _)| i)
+        if self.line_ascii[line] {
+            return (start + col).min(self.text.len());
+        }
+        let rest = &self.text[start..];
+        start + rest.char_indices().nth(col).map_or(rest.len(), |(i, _)| i)
     }
 
     /// The statement's source text without `--` comments, whitespace collapsed.
     fn display_text(&self, tokens: &[TokenWithSpan]) -> String {
+        let is_line_comment = |t: &TokenWithSpan| {
+            matches!(
+                t.token,
+                Token::Whitespace(Whitespace::SingleLineComment { .. })
+            )
+        };
+        // Block comments are kept in the echo (the ClickHouse oracle keeps them too).
+        let shown = |t: &TokenWithSpan| {
+            !is_trivia(&t.token)
+                || matches!(t.token, Token::Whitespace(Whitespace::MultiLineComment(_)))
+        };
+        let first = tokens.iter().position(shown);
+        let last = tokens.iter().rposition(shown);
+        let (Some(first), Some(last)) = (first, last) else {
+            return String::new();
+        };
+        let tokens = &tokens[first..=last];
+        if !tokens.iter().any(is_line_comment) {
+            let from = self.offset(tokens[0].span.start);
+            let to = self.offset(tokens[tokens.len() - 1].span.end);
+            return collapse_whitespace(&self.text[from..to.max(from)]);
+        }
         let mut s = String::new();
         for t in tokens {
-            match &t.token {
-                Token::EOF => {}
-                Token::Whitespace(Whitespace::SingleLineComment { .. }) => s.push(' '),
-                _ => s.push_str(&self.text[self.offset(t.span.start)..self.offset(t.span.end)]),
+            if is_line_comment(t) {
+                s.push(' ');
+            } else {
+                s.push_str(&self.text[self.offset(t.span.start)..self.offset(t.span.end)]);
             }
         }
         collapse_whitespace(&s)

@@ -1,0 +1,161 @@
+//! Property tests: whatever `Display` prints parses back to the same statement (normalized), and
+//! the parser returns (never panics) on any input.
+
+use proptest::prelude::*;
+use sluice_sql::{
+    parse_script, parse_statement, CreateOptions, CreateResource, CreateWorkload, DiskRef,
+    DropEntity, EntityKind, Literal, ResourceOperation, SettingChange, Statement,
+};
+
+/// Names of every flavour: plain, digit-led, keywords, and arbitrary text needing quotes.
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[A-Za-z_][A-Za-z0-9_]{0,10}",
+        "[0-9][A-Za-z0-9_]{0,6}",
+        prop::sample::select(vec![
+            "all", "ALL", "select", "Null", "table", "distinct", "IF", "ON", "IN", "SETTINGS",
+            "FOR", "OR", "ANY", "DISK", "CLUSTER", "inf", "nan", "true",
+        ])
+        .prop_map(String::from),
+        "[^\u{0}]{1,12}",
+        "[ `\"'\\\\.a-z]{1,6}",
+    ]
+}
+
+fn literal() -> impl Strategy<Value = Literal> {
+    prop_oneof![
+        any::<u64>().prop_map(Literal::UInt),
+        (i64::MIN..0i64).prop_map(Literal::Int),
+        any::<f64>().prop_map(Literal::Float),
+        prop::sample::select(vec![
+            0.0,
+            -0.0,
+            1e19,
+            1e21,
+            1e-7,
+            2.5,
+            f64::INFINITY,
+            f64::NEG_INFINITY
+        ])
+        .prop_map(Literal::Float),
+        "(?s).{0,12}".prop_map(Literal::String),
+        Just(Literal::Null),
+        any::<bool>().prop_map(Literal::Bool),
+    ]
+}
+
+fn setting() -> impl Strategy<Value = SettingChange> {
+    // Setting names are printed raw, so they are bare words (as ClickHouse prints them).
+    (
+        "[a-z_][a-z0-9_]{0,15}",
+        literal(),
+        proptest::option::of(name()),
+    )
+        .prop_map(|(name, value, resource)| SettingChange {
+            name,
+            value,
+            resource,
+        })
+}
+
+fn options() -> impl Strategy<Value = CreateOptions> {
+    (any::<bool>(), any::<bool>(), proptest::option::of(name())).prop_map(
+        |(or_replace, if_not_exists, on_cluster)| CreateOptions {
+            or_replace,
+            if_not_exists: if_not_exists && !or_replace,
+            on_cluster,
+        },
+    )
+}
+
+fn disk() -> impl Strategy<Value = DiskRef> {
+    prop_oneof![Just(DiskRef::Any), name().prop_map(DiskRef::Named)]
+}
+
+fn operations() -> impl Strategy<Value = Vec<ResourceOperation>> {
+    let io = prop_oneof![
+        disk().prop_map(ResourceOperation::Read),
+        disk().prop_map(ResourceOperation::Write)
+    ];
+    let cpu = prop_oneof![
+        Just(ResourceOperation::MasterThread),
+        Just(ResourceOperation::WorkerThread)
+    ];
+    prop_oneof![
+        prop::collection::vec(io, 1..4),
+        prop::collection::vec(cpu, 1..3),
+        prop::collection::vec(Just(ResourceOperation::Query), 1..2),
+        prop::collection::vec(Just(ResourceOperation::MemoryReservation), 1..2),
+    ]
+}
+
+fn statement() -> impl Strategy<Value = Statement> {
+    prop_oneof![
+        (
+            options(),
+            name(),
+            proptest::option::of(name()),
+            prop::collection::vec(setting(), 0..5)
+        )
+            .prop_map(|(options, name, parent, settings)| {
+                Statement::CreateWorkload(CreateWorkload {
+                    options,
+                    name,
+                    parent,
+                    settings,
+                })
+            }),
+        (options(), name(), operations()).prop_map(|(options, name, operations)| {
+            Statement::CreateResource(CreateResource {
+                options,
+                name,
+                operations,
+            })
+        }),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            name(),
+            proptest::option::of(name())
+        )
+            .prop_map(|(workload, if_exists, name, on_cluster)| {
+                let kind = if workload {
+                    EntityKind::Workload
+                } else {
+                    EntityKind::Resource
+                };
+                Statement::Drop(DropEntity {
+                    kind,
+                    if_exists,
+                    name,
+                    on_cluster,
+                })
+            }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn printed_statements_parse_back(stmt in statement()) {
+        let printed = stmt.to_string();
+        let reparsed = parse_statement(&printed);
+        prop_assert_eq!(reparsed, Ok(stmt.normalized()), "printed: {}", printed);
+    }
+
+    #[test]
+    fn parser_never_panics_on_text(text in "(?s).{0,200}") {
+        let _ = parse_script(&text);
+    }
+
+    #[test]
+    fn parser_never_panics_on_token_soup(words in prop::collection::vec(prop::sample::select(vec![
+        "CREATE", "OR", "REPLACE", "WORKLOAD", "RESOURCE", "IF", "NOT", "EXISTS", "DROP", "IN",
+        "ON", "CLUSTER", "SETTINGS", "FOR", "=", ",", "(", ")", ";", "-", "+", "READ", "WRITE",
+        "DISK", "ANY", "MASTER", "THREAD", "QUERY", "MEMORY", "RESERVATION", "x", "`y`", "'s",
+        "'s'", "1", "1.5", "1e", "0x", "0x1F", "1_000", "--", "/*", "*/", "\"", "`", "\\",
+    ]), 0..40)) {
+        let _ = parse_script(&words.join(" "));
+    }
+}
