@@ -72,7 +72,9 @@ struct Setup {
 }
 
 impl Common {
-    fn setup(&self, default_data_dir: Option<&Path>) -> anyhow::Result<Setup> {
+    /// Reads the config, the script and the catalog. `writable`: open the data dir for writing
+    /// (`apply`); otherwise it is only read and left exactly as it was (`check`).
+    fn setup(&self, default_data_dir: Option<&Path>, writable: bool) -> anyhow::Result<Setup> {
         let config = match &self.config {
             Some(p) => Config::load(p)?,
             None => Config::default(),
@@ -94,7 +96,12 @@ impl Common {
             .or(default_data_dir.map(Path::to_path_buf));
         let (catalog, storage) = match data_dir {
             Some(dir) => {
-                let storage = DiskStorage::open(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let storage = if writable {
+                    DiskStorage::open(&dir)
+                } else {
+                    DiskStorage::open_read_only(&dir)
+                }
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let catalog = storage.load(base).map_err(|e| anyhow::anyhow!("{e}"))?;
                 (catalog, Some(storage))
             }
@@ -131,7 +138,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check { dump, common } => {
-            let setup = common.setup(None)?;
+            let setup = common.setup(None, false)?;
             let mut catalog = setup.catalog;
             let mut all_ok = true;
             let mut out = String::new();
@@ -158,7 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Apply { common } => {
-            let setup = common.setup(Some(Path::new("sluice-data")))?;
+            let setup = common.setup(Some(Path::new("sluice-data")), true)?;
             let storage = setup.storage.context("apply needs a data dir")?;
             let mut catalog = setup.catalog;
             for item in parse_script(&setup.script) {

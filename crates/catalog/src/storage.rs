@@ -48,14 +48,34 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 #[derive(Debug, Clone)]
 pub struct DiskStorage {
     dir: PathBuf,
+    /// A read-only storage never changes the directory: no creation, no clean-up, no writes.
+    writable: bool,
 }
 
 impl DiskStorage {
-    /// Opens (creating if needed) `<data_dir>/workloads`.
+    /// Opens (creating if needed) `<data_dir>/workloads` for reading and writing.
     pub fn open(data_dir: &Path) -> Result<Self> {
         let dir = data_dir.join("workloads");
         fs::create_dir_all(&dir).map_err(|e| io_error("create directory", &dir, e))?;
-        Ok(DiskStorage { dir })
+        Ok(DiskStorage {
+            dir,
+            writable: true,
+        })
+    }
+
+    /// Opens an existing data dir without changing anything in it (`sluice check --data-dir`).
+    /// A data dir without a `workloads` directory holds an empty catalog.
+    pub fn open_read_only(data_dir: &Path) -> Result<Self> {
+        if !data_dir.is_dir() {
+            return Err(Error::new(
+                ErrorCode::InternalError,
+                format!("data dir {} does not exist", data_dir.display()),
+            ));
+        }
+        Ok(DiskStorage {
+            dir: data_dir.join("workloads"),
+            writable: false,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -66,6 +86,9 @@ impl DiskStorage {
     /// catalog): resources first, then workloads parents-first. A file that does not parse or
     /// validate stops the load with an error naming it.
     pub fn load(&self, base: Catalog) -> Result<Catalog> {
+        if !self.writable && !self.dir.exists() {
+            return Ok(base);
+        }
         let entries =
             fs::read_dir(&self.dir).map_err(|e| io_error("read directory", &self.dir, e))?;
         let mut files: Vec<PathBuf> = Vec::new();
@@ -79,7 +102,9 @@ impl DiskStorage {
                 .unwrap_or_default();
             if name.ends_with(".tmp") {
                 // An interrupted write: the rename never happened, so the old file (if any) holds.
-                fs::remove_file(&path).map_err(|e| io_error("remove", &path, e))?;
+                if self.writable {
+                    fs::remove_file(&path).map_err(|e| io_error("remove", &path, e))?;
+                }
             } else if name.ends_with(".sql") {
                 files.push(path);
             }
@@ -169,6 +194,12 @@ impl DiskStorage {
     /// Makes a change durable. Call it after [`Catalog::apply`] accepted the change and before
     /// publishing the new snapshot.
     pub fn persist(&self, change: &Change) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(
+                ErrorCode::InternalError,
+                format!("{} is opened read-only", self.dir.display()),
+            ));
+        }
         match change {
             Change::Upsert(entity) => {
                 let path = self.dir.join(file_name(entity.kind(), entity.name()));
@@ -301,6 +332,40 @@ mod tests {
         };
         assert_eq!(dump(&loaded), dump(&c));
         assert!(!storage.dir().join("workload_x.sql.tmp").exists());
+    }
+
+    #[test]
+    fn read_only_storage_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = DiskStorage::open_read_only(&dir.path().join("nope"));
+        assert!(missing.is_err());
+        let empty = DiskStorage::open_read_only(dir.path()).expect("open");
+        assert_eq!(
+            empty
+                .load(Catalog::new())
+                .expect("loads")
+                .entities()
+                .count(),
+            0
+        );
+        assert!(!dir.path().join("workloads").exists(), "nothing is created");
+        let storage = DiskStorage::open(dir.path()).expect("open");
+        apply_and_persist(&storage, Catalog::new(), "CREATE WORKLOAD all");
+        let tmp = storage.dir().join("workload_x.sql.tmp");
+        fs::write(&tmp, "half a write").expect("write");
+        let ro = DiskStorage::open_read_only(dir.path()).expect("open");
+        assert_eq!(
+            ro.load(Catalog::new()).expect("loads").entities().count(),
+            1
+        );
+        assert!(
+            tmp.exists(),
+            "a read-only load leaves even stale files alone"
+        );
+        let (_, change) = Catalog::new()
+            .apply(&parse_statement("CREATE WORKLOAD b").expect("parses"))
+            .expect("applies");
+        assert!(ro.persist(&change.expect("a change")).is_err());
     }
 
     #[test]

@@ -1,0 +1,183 @@
+//! The `sluice` command line end to end: `apply` persists, `check --data-dir` reads without
+//! changing anything, the config layer is read-only, exit codes and errors say what happened.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn sluice(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .expect("write stdin");
+    drop(input);
+    child.wait_with_output().expect("wait")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn listing(dir: &Path) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir.join("workloads"))
+        .expect("workloads dir")
+        .map(|e| {
+            let p = e.expect("entry").path();
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read_to_string(&p).unwrap_or_default())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn apply_persists_and_check_reads_a_data_dir_without_changing_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().expect("utf-8 path");
+    let out = sluice(
+        &["apply", "--data-dir", data_arg, "-"],
+        Some("CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2; CREATE WORKLOAD `a b` IN all;"),
+    );
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert_eq!(
+        listing(&data)
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
+        ["resource_q.sql", "workload_a%20b.sql", "workload_all.sql"]
+    );
+    let before = listing(&data);
+
+    let out = sluice(
+        &["check", "--dump", "--data-dir", data_arg, "-"],
+        Some("CREATE WORKLOAD c IN all; DROP WORKLOAD all; CREATE WORKLOAD `a b` IN all"),
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(">> CREATE WORKLOAD c IN all\nOK\n"), "{text}");
+    assert!(text.contains("ERROR BAD_ARGUMENTS: Workload entity 'all' cannot be dropped. It is referenced by: a b c. (BAD_ARGUMENTS)"), "{text}");
+    assert!(
+        text.contains("ERROR BAD_ARGUMENTS: Workload entity 'a b' already exists. (BAD_ARGUMENTS)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "q\t/all/semaphore\tinflight_limit\t1\t0\t0\t2\t9223372036854775807\t\\N\t\\N\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(listing(&data), before, "check must not change the data dir");
+
+    // Applying stops at the first error and keeps what came before it.
+    let out = sluice(
+        &["apply", "--data-dir", data_arg, "-"],
+        Some("CREATE WORKLOAD d IN all; CREATE WORKLOAD e IN nowhere; CREATE WORKLOAD f IN all"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let names: Vec<String> = listing(&data).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.contains(&"workload_d.sql".to_string())
+            && !names.iter().any(|n| n.contains("_e.") || n.contains("_f.")),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn a_corrupt_catalog_file_stops_with_its_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("workloads")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("workloads/workload_x.sql"),
+        "CREATE WORKLOAD x SETTINGS weight = ",
+    )
+    .expect("write");
+    let out = sluice(
+        &[
+            "check",
+            "--data-dir",
+            dir.path().to_str().expect("utf-8"),
+            "-",
+        ],
+        Some(""),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("workload_x.sql") && err.contains("SYNTAX_ERROR"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_layer_and_machine_pinning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(
+        &config,
+        "[server]\ncores = 8\n\n[catalog]\nstatements = \"\"\"\nRESOURCE cpu (MASTER THREAD, WORKER THREAD);\nWORKLOAD all SETTINGS max_concurrent_threads_ratio_to_cores = 0.5;\n\"\"\"\n",
+    )
+    .expect("write config");
+    let cfg = config.to_str().expect("utf-8");
+    let out = sluice(&["check", "--dump", "--config", cfg, "-"], Some("CREATE WORKLOAD dev IN all; DROP WORKLOAD all; CREATE OR REPLACE RESOURCE cpu (MASTER THREAD)"));
+    let text = stdout(&out);
+    assert!(
+        text.contains("ERROR BAD_ARGUMENTS: It is not allowed to remove workload entity 'all' that is stored in read-only configuration storage"),
+        "{text}"
+    );
+    assert!(text.contains("ERROR BAD_ARGUMENTS: It is not allowed to replace workload entity 'cpu' that is stored in read-only configuration storage"), "{text}");
+    // 0.5 × 8 cores from the config; --cores overrides it.
+    assert!(
+        text.contains("cpu\t/all/semaphore\tinflight_limit\t1\t0\t0\t4\t"),
+        "{text}"
+    );
+    let out = sluice(
+        &["check", "--dump", "--config", cfg, "--cores", "2", "-"],
+        Some(""),
+    );
+    assert!(
+        stdout(&out).contains("cpu\t/all/semaphore\tinflight_limit\t1\t0\t0\t1\t"),
+        "{}",
+        stdout(&out)
+    );
+
+    std::fs::write(&config, "[server]\ncores = 8\nlisten_adress = \"x\"\n").expect("write config");
+    let out = sluice(&["check", "--config", cfg, "-"], Some(""));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("listen_adress"), "a bad key is named: {err}");
+}
+
+#[test]
+fn check_exit_codes() {
+    assert_eq!(
+        sluice(&["check", "-"], Some("CREATE WORKLOAD all"))
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        sluice(&["check", "-"], Some("CREATE WORKLOAD all IN x"))
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        sluice(&["check", "/nonexistent/script.sql"], None)
+            .status
+            .code(),
+        Some(2)
+    );
+}
