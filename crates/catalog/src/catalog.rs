@@ -12,6 +12,10 @@ use sluice_sql::{
 
 use crate::settings::WorkloadSettings;
 
+/// How deep the workload tree may grow. ClickHouse sets no bound; sluice does, so that walking,
+/// compiling and dropping a tree (which recurse once per level) can never exhaust a stack.
+pub const MAX_WORKLOAD_DEPTH: usize = 256;
+
 /// Where an entity was defined. Config entities form a read-only layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -326,7 +330,10 @@ impl Catalog {
                 )));
             };
             match (&stored.entity, is_parent) {
-                (Entity::Workload(_), true) => self.check_no_cycle(&w.name, target)?,
+                (Entity::Workload(_), true) => {
+                    let parent_depth = self.check_no_cycle(&w.name, target)?;
+                    self.check_depth(&w.name, parent_depth)?;
+                }
                 (Entity::Resource(_), false) => {
                     WorkloadSettings::resolve(&w.settings, Some(target))?;
                 }
@@ -346,20 +353,57 @@ impl Catalog {
     }
 
     /// Making `parent` the parent of `name` must not close a loop: `parent`'s ancestors must not
-    /// include `name` (parent links are the only references between workloads).
-    fn check_no_cycle(&self, name: &str, parent: &str) -> Result<()> {
+    /// include `name` (parent links are the only references between workloads). Returns the
+    /// depth of `parent` (the root is at depth 1).
+    fn check_no_cycle(&self, name: &str, parent: &str) -> Result<usize> {
         let mut at = Some(parent);
-        let mut steps = 0usize;
+        let mut depth = 0usize;
         while let Some(current) = at {
-            if current == name || steps > self.entities.len() {
+            if current == name || depth > self.entities.len() {
                 return Err(Error::bad_arguments(
                     "Workload entity cycles are not allowed",
                 ));
             }
             at = self.workload(current).and_then(|w| w.parent.as_deref());
-            steps += 1;
+            depth += 1;
+        }
+        Ok(depth)
+    }
+
+    /// The tree may not grow deeper than [`MAX_WORKLOAD_DEPTH`]: placing `name` (and whatever
+    /// subtree it already has) under a parent at `parent_depth`.
+    fn check_depth(&self, name: &str, parent_depth: usize) -> Result<()> {
+        let depth = parent_depth + self.height(name);
+        if depth > MAX_WORKLOAD_DEPTH {
+            return Err(Error::bad_arguments(format!(
+                "Workload '{name}' would be at depth {depth} of the workload tree; at most {MAX_WORKLOAD_DEPTH} levels are allowed"
+            )));
         }
         Ok(())
+    }
+
+    /// Levels in the subtree rooted at `name` (1 for a leaf or a new workload).
+    fn height(&self, name: &str) -> usize {
+        if !self.workloads().any(|w| w.parent.as_deref() == Some(name)) {
+            return 1;
+        }
+        let children = self.children();
+        let mut height = 0;
+        let mut level = vec![name];
+        while !level.is_empty() && height <= MAX_WORKLOAD_DEPTH {
+            height += 1;
+            level = level
+                .iter()
+                .flat_map(|n| {
+                    children
+                        .get(n)
+                        .into_iter()
+                        .flatten()
+                        .map(|w| w.name.as_str())
+                })
+                .collect();
+        }
+        height
     }
 
     fn check_resource(&self, r: &CreateResource) -> Result<()> {
@@ -502,5 +546,19 @@ mod tests {
             Some("Workload entity '03232_write' cannot be dropped. It is referenced by: all. (BAD_ARGUMENTS)")
         );
         assert_eq!(c.version(), 8);
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let mut c = ok(Catalog::new(), "CREATE WORKLOAD w1");
+        for i in 2..=MAX_WORKLOAD_DEPTH {
+            c = ok(c, &format!("CREATE WORKLOAD w{i} IN w{}", i - 1));
+        }
+        let too_deep = format!("CREATE WORKLOAD x IN w{MAX_WORKLOAD_DEPTH}");
+        assert!(run(&c, &too_deep).is_err_and(|e| e.message.contains("at most 256 levels")));
+        // Moving a subtree counts its height: w2..w256 under a new sibling of w2 is one too deep.
+        c = ok(c, "CREATE WORKLOAD side IN w1");
+        assert!(run(&c, "CREATE OR REPLACE WORKLOAD w2 IN side").is_err());
+        assert!(run(&c, "CREATE OR REPLACE WORKLOAD w3 IN side").is_ok());
     }
 }

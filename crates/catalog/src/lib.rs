@@ -17,6 +17,6 @@ pub mod catalog;
 pub mod settings;
 pub mod storage;
 
-pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored};
+pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored, MAX_WORKLOAD_DEPTH};
 pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
 pub use storage::{config_layer, escape_file_name, DiskStorage};
