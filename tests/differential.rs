@@ -1,6 +1,7 @@
 //! Differential tests against ClickHouse 26.9.
 //!
-//! Each `tests/differential/NAME.sql` has a `NAME.expected` that ClickHouse itself produced
+//! Each `NAME.sql` in `tests/differential/` and `grammar/examples/` has a `NAME.expected` that
+//! ClickHouse itself produced
 //! (`tests/differential/generate.py`, run by hand under the oracle venv; never by the suite).
 //! `sluice check --dump` must print the same, line for line, with the machine pinned to what
 //! ClickHouse saw (`machine.txt`). Two allowances, both about message text only:
@@ -44,14 +45,16 @@ fn normalize(line: &str) -> String {
 #[test]
 fn sluice_check_dump_matches_clickhouse() {
     let (cores, memory) = machine();
-    let mut scripts: Vec<PathBuf> = std::fs::read_dir(differential_dir())
-        .expect("tests/differential")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut scripts: Vec<PathBuf> = [differential_dir(), root.join("grammar/examples")]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).expect("script directory"))
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "sql"))
         .collect();
     scripts.sort();
     assert!(
-        scripts.len() >= 40,
+        scripts.len() >= 50,
         "expected at least 40 scripts, found {}",
         scripts.len()
     );

@@ -4,7 +4,8 @@
     python3 -m venv .venv-oracle && .venv-oracle/bin/pip install chdb-core==26.9.0
     .venv-oracle/bin/python tests/differential/generate.py [NAME.sql ...]
 
-For every tests/differential/*.sql (or the ones named) it runs the script in a fresh in-process
+For every tests/differential/*.sql and grammar/examples/*.sql (or the ones named: paths, or bare
+names in tests/differential) it runs the script in a fresh in-process
 ClickHouse 26.9 (chDB) and writes NAME.expected in the format of `sluice check --dump`:
 '>> statement', then 'OK' or 'ERROR <CODE>: <message>' for each statement, then the sections
 '== system.workloads', '== system.resources', '== system.scheduler' (header row, then rows as
@@ -66,10 +67,15 @@ def main():
         sys.stdout.write(text)
         sys.stderr.write(threads + "\n")
         return
-    names = sys.argv[1:] or sorted(f for f in os.listdir(HERE) if f.endswith(".sql"))
+    root = os.path.join(HERE, "..", "..")
+    examples = os.path.join(root, "grammar", "examples")
+    if sys.argv[1:]:
+        paths = [os.path.abspath(a) if os.path.exists(a) else os.path.join(HERE, a) for a in sys.argv[1:]]
+    else:
+        paths = [os.path.join(d, f) for d in (HERE, examples) for f in sorted(os.listdir(d)) if f.endswith(".sql")]
     cores = None
-    for name in names:
-        path = os.path.join(HERE, os.path.basename(name))
+    for path in paths:
+        name = os.path.relpath(path, root)
         # A fresh process per script: one chDB session per process.
         res = subprocess.run([sys.executable, __file__, "--one", path], capture_output=True, text=True, check=True)
         with open(path[:-4] + ".expected", "w") as f:
