@@ -200,7 +200,13 @@ impl<'a> SourceMap<'a> {
         };
         let col = (l.column as usize).saturating_sub(1);
         if self.line_ascii[line] {
-            return (start + col).min(self.text.len());
+            // Past the end of an ASCII line can only be the next line's start or the end of
+            // the text; step back to a char boundary so a slice can never panic.
+            let mut at = (start + col).min(self.text.len());
+            while !self.text.is_char_boundary(at) {
+                at -= 1;
+            }
+            return at;
         }
         let rest = &self.text[start..];
         start + rest.char_indices().nth(col).map_or(rest.len(), |(i, _)| i)
@@ -753,6 +759,21 @@ mod tests {
             ]
         );
         assert!(items[2].result.is_err());
+    }
+
+    #[test]
+    fn non_ascii_text_is_echoed_and_located_by_characters() {
+        let items = parse_script("CREATE WORKLOAD `üñí`;\nCREATE WORKLOAD `ß` IN `üñí` SETTINGS é");
+        assert_eq!(items[0].text, "CREATE WORKLOAD `üñí`");
+        assert_eq!(items[1].text, "CREATE WORKLOAD `ß` IN `üñí` SETTINGS é");
+        let e = items[1].result.as_ref().err().map(|e| e.position);
+        assert_eq!(
+            e,
+            Some(Some(Position {
+                line: 2,
+                column: 39
+            }))
+        );
     }
 
     #[test]
