@@ -2,7 +2,6 @@
 //! change must pass (ClickHouse's `WorkloadEntityStorageBase::storeEntity` / `removeEntity`,
 //! reference §2), in ClickHouse's order so the first error reported is the one ClickHouse reports.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sluice_sql::{
@@ -116,7 +115,11 @@ pub enum Change {
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     version: u64,
-    entities: BTreeMap<String, Arc<Stored>>,
+    /// Persistent maps: a snapshot shares all it did not change with the one it came from, so
+    /// deriving a snapshot costs O(log n), not a copy.
+    entities: imbl::OrdMap<String, Arc<Stored>>,
+    /// Each workload's children by name (derived from `entities`, kept for speed).
+    children: imbl::OrdMap<String, imbl::OrdSet<String>>,
     /// The name of the workload without a parent (derived from `entities`, kept for speed).
     root: Option<String>,
 }
@@ -172,15 +175,48 @@ impl Catalog {
         self.root.as_deref().and_then(|r| self.workload(r))
     }
 
-    /// The children of every workload, each list ordered by name.
-    pub fn children(&self) -> BTreeMap<&str, Vec<&CreateWorkload>> {
-        let mut map: BTreeMap<&str, Vec<&CreateWorkload>> = BTreeMap::new();
-        for w in self.workloads() {
-            if let Some(p) = &w.parent {
-                map.entry(p.as_str()).or_default().push(w);
+    /// The children of a workload, ordered by name.
+    pub fn children_of(&self, name: &str) -> impl Iterator<Item = &CreateWorkload> {
+        self.children
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|child| self.workload(child))
+    }
+
+    /// The ancestors of a workload, parent first, up to the root.
+    pub fn ancestors(&self, name: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut at = self.workload(name).and_then(|w| w.parent.as_deref());
+        while let Some(p) = at {
+            if out.len() > self.entities.len() {
+                break; // unreachable for a valid snapshot (no cycles); bounded regardless
+            }
+            out.push(p);
+            at = self.workload(p).and_then(|w| w.parent.as_deref());
+        }
+        out
+    }
+
+    /// Keeps the children index in step with a workload's parent changing from `old` to `new`.
+    fn relink(&mut self, name: &str, old: Option<&str>, new: Option<&str>) {
+        if old == new {
+            return;
+        }
+        if let Some(old) = old {
+            if let Some(set) = self.children.get_mut(old) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.children.remove(old);
+                }
             }
         }
-        map
+        if let Some(new) = new {
+            self.children
+                .entry(new.to_string())
+                .or_default()
+                .insert(name.to_string());
+        }
     }
 
     /// Applies one statement from SQL. Returns the new snapshot and what changed (`None` when
@@ -295,6 +331,8 @@ impl Catalog {
             if w.parent.is_none() {
                 self.root = Some(name.clone());
             }
+            let old_parent = self.workload(&name).and_then(|o| o.parent.clone());
+            self.relink(&name, old_parent.as_deref(), w.parent.as_deref());
         }
         self.version += 1;
         self.entities.insert(
@@ -384,10 +422,6 @@ impl Catalog {
 
     /// Levels in the subtree rooted at `name` (1 for a leaf or a new workload).
     fn height(&self, name: &str) -> usize {
-        if !self.workloads().any(|w| w.parent.as_deref() == Some(name)) {
-            return 1;
-        }
-        let children = self.children();
         let mut height = 0;
         let mut level = vec![name];
         while !level.is_empty() && height <= MAX_WORKLOAD_DEPTH {
@@ -395,11 +429,11 @@ impl Catalog {
             level = level
                 .iter()
                 .flat_map(|n| {
-                    children
-                        .get(n)
+                    self.children
+                        .get(*n)
                         .into_iter()
                         .flatten()
-                        .map(|w| w.name.as_str())
+                        .map(String::as_str)
                 })
                 .collect();
         }
@@ -458,6 +492,8 @@ impl Catalog {
                 d.name
             )));
         }
+        let parent = self.workload(&d.name).and_then(|w| w.parent.clone());
+        self.relink(&d.name, parent.as_deref(), None);
         self.version += 1;
         self.entities.remove(&d.name);
         if self.root.as_deref() == Some(d.name.as_str()) {

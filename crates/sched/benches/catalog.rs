@@ -48,10 +48,10 @@ fn build(script: &str) -> Catalog {
     let mut catalog = Catalog::new();
     for item in parse_script(script) {
         let stmt = item.result.expect("the benchmark script parses");
-        catalog = catalog
-            .apply(&stmt)
-            .expect("the benchmark script applies")
-            .0;
+        // In place, as loading a data dir and `sluice check` do.
+        catalog
+            .apply_mut(&stmt)
+            .expect("the benchmark script applies");
     }
     catalog
 }
@@ -86,8 +86,9 @@ fn benches(c: &mut Criterion) {
     let trees = compile(&catalog, MACHINE).expect("compiles");
     c.bench_function("catalog_1000/create_or_replace/apply_and_recompile", |b| {
         b.iter(|| {
-            let (next, _) = catalog.apply(black_box(&change)).expect("applies");
-            recompile(&next, MACHINE, Some(&trees)).expect("recompiles")
+            let (next, change) = catalog.apply(black_box(&change)).expect("applies");
+            let change = change.expect("the statement changes the catalog");
+            recompile(&trees, &catalog, &next, &change, MACHINE).expect("recompiles")
         })
     });
     c.bench_function(

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use sluice_catalog::Catalog;
+use sluice_catalog::{Catalog, Change};
 use sluice_sched::{compile, recompile, Machine};
 use sluice_sql::parse_statement;
 
@@ -14,8 +14,16 @@ const MACHINE: Machine = Machine {
 };
 
 fn apply(c: &Catalog, sql: &str) -> Option<Catalog> {
+    apply_change(c, sql).map(|(next, _)| next)
+}
+
+/// The new snapshot and the change, when the statement applied and changed something.
+fn apply_change(c: &Catalog, sql: &str) -> Option<(Catalog, Change)> {
     let stmt = parse_statement(sql).ok()?;
-    c.apply(&stmt).ok().map(|(next, _)| next)
+    match c.apply(&stmt).ok()? {
+        (next, Some(change)) => Some((next, change)),
+        (_, None) => None,
+    }
 }
 
 /// One random DDL statement over a small name space, so that statements often collide with
@@ -72,8 +80,8 @@ proptest! {
         }
         let mut trees = compile(&catalog, MACHINE).expect("compiles");
         for (op, a, b, s) in ops {
-            let Some(next) = apply(&catalog, &statement(op, a, b, s)) else { continue };
-            let incremental = recompile(&next, MACHINE, Some(&trees)).expect("recompiles");
+            let Some((next, change)) = apply_change(&catalog, &statement(op, a, b, s)) else { continue };
+            let incremental = recompile(&trees, &catalog, &next, &change, MACHINE).expect("recompiles");
             let full = compile(&next, MACHINE).expect("compiles");
             prop_assert_eq!(&incremental.trees.iter().map(|t| (&t.resource, &t.root)).collect::<Vec<_>>(),
                             &full.trees.iter().map(|t| (&t.resource, &t.root)).collect::<Vec<_>>());
@@ -95,12 +103,12 @@ fn unchanged_siblings_are_shared() {
         c = apply(&c, sql).expect("applies");
     }
     let before = compile(&c, MACHINE).expect("compiles");
-    let next = apply(
+    let (next, change) = apply_change(
         &c,
         "CREATE OR REPLACE WORKLOAD a IN root SETTINGS max_concurrent_queries = 1",
     )
     .expect("applies");
-    let after = recompile(&next, MACHINE, Some(&before)).expect("recompiles");
+    let after = recompile(&before, &c, &next, &change, MACHINE).expect("recompiles");
     let node = |trees: &sluice_sched::SchedulerTrees, name: &str| {
         let root = trees.tree("q").and_then(|t| t.root.clone()).expect("root");
         let mut found = None;
