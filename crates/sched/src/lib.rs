@@ -2,18 +2,25 @@
 //!
 //! Owns compiling a catalog snapshot into one node tree per resource ([`tree::compile`], and
 //! [`tree::recompile`] which reuses the unchanged subtrees of an earlier compilation), the
-//! shape ClickHouse 26.9 builds and `system.scheduler` shows. The runtime nodes (queues, fair and
-//! priority policies, limits, admission futures and permits, a `Clock` for virtual time) grow on
-//! these trees.
+//! shape ClickHouse 26.9 builds and `system.scheduler` shows; and running a tree
+//! ([`runtime::ResourceScheduler`]): the time-shared nodes (fifo, fair, priority, inflight_limit,
+//! bandwidth_limit), admission futures and RAII permits, and a [`runtime::Clock`] so timing logic
+//! runs in virtual time in tests.
 //!
 //! Invariants:
 //! - Compiling is a pure function of (catalog snapshot, [`tree::Machine`]); the trees are
 //!   immutable and a change compiles new ones.
 //! - Every workload of the catalog appears once in every resource's tree, under its parent.
 //!
+//! - Dropping a pending admission removes it from its queue; dropping a permit returns all it
+//!   held (see [`runtime`] for the rest).
+//!
 //! It does no I/O and knows no SQL engine.
 
+pub mod runtime;
 pub mod tree;
+
+pub use runtime::{Acquire, Clock, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock};
 
 pub use tree::{
     compile, recompile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees,

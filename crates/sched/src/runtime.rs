@@ -1,0 +1,722 @@
+//! Running a compiled tree: admission of requests through the time-shared nodes of one resource
+//! (reference §4.0–4.5).
+//!
+//! A request enters the leaf queue of its workload and is *granted* when the root can dequeue
+//! it: every node on its path is active — a queue with requests, a satisfied `inflight_limit`,
+//! a `bandwidth_limit` with tokens — and `priority` / `fair` nodes pick which child goes next.
+//! A grant becomes a [`Permit`]; dropping it gives back what it holds on every `inflight_limit`
+//! of its path, which may let the next request through.
+//!
+//! Invariants (each has a test in `tests/runtime.rs`):
+//! - Dropping an [`Acquire`] that has not been granted removes its request from the queue; one
+//!   dropped after the grant was decided releases the grant. Dropping a [`Permit`] returns all it
+//!   held. No path leaks a slot or a queue entry.
+//! - Requests in flight under an `inflight_limit` never exceed `max_requests`, and their cost
+//!   exceeds `max_cost` by at most the last request's (ClickHouse's one-request overshoot).
+//! - A `bandwidth_limit` dequeues at most `max_burst + max_speed × T` cost in any window `T`,
+//!   plus one request: as in ClickHouse, a request passes while tokens ≥ 0 and is charged after,
+//!   so the last one may overdraw the bucket (a request larger than the burst must pass too).
+//!
+//! Locking: all state of one resource sits behind one mutex. Grants are handed over through
+//! oneshot channels while it is held (a send only wakes the receiver); nothing that locks runs
+//! under the lock: a grant that finds its receiver gone is released in place.
+//!
+//! Not yet here: migrating queued requests and held permits when the catalog changes (a new
+//! scheduler starts empty), and the space-shared (memory) nodes.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use sluice_sql::{Error, ErrorCode, Result};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::tree::{Node, NodeKind, ResourceTree};
+
+/// Where time comes from. The default follows tokio's clock, so tests can pause and advance
+/// time (`tokio::time::pause`) and timing logic runs deterministically in virtual time.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    fn now(&self) -> Instant;
+}
+
+/// tokio's clock (virtual when the runtime's time is paused).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TokioClock;
+
+impl Clock for TokioClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// Counters of one node, the live columns of `system.scheduler`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct NodeStats {
+    pub dequeued_requests: u64,
+    pub dequeued_cost: i64,
+    pub canceled_requests: u64,
+    pub canceled_cost: i64,
+    pub rejected_requests: u64,
+    pub rejected_cost: i64,
+    /// Times the node went from busy to idle (fair nodes).
+    pub busy_periods: u64,
+    /// Time spent throttled (bandwidth_limit).
+    pub throttling: Duration,
+}
+
+/// One node's live state, as `system.scheduler` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeState {
+    pub path: String,
+    pub type_name: &'static str,
+    pub stats: NodeStats,
+    /// Requests waiting in a queue.
+    pub queue_length: Option<u64>,
+    /// Requests and cost held under an inflight_limit.
+    pub inflight_requests: Option<i64>,
+    pub inflight_cost: Option<i64>,
+    /// Tokens of a bandwidth_limit.
+    pub tokens: Option<f64>,
+    /// The node's virtual runtime, for children of a fair node.
+    pub vruntime: Option<f64>,
+    /// The fair node's own clock.
+    pub system_vruntime: Option<f64>,
+}
+
+#[derive(Debug)]
+enum RtKind {
+    Workload,
+    Queue {
+        queue: VecDeque<u64>,
+        max_queued: i64,
+    },
+    Inflight {
+        max_requests: i64,
+        max_cost: i64,
+        requests: i64,
+        cost: i64,
+    },
+    Bandwidth {
+        max_speed: f64,
+        max_burst: f64,
+        tokens: f64,
+        last: Instant,
+    },
+    Priority,
+    Fair {
+        system_vruntime: f64,
+        max_vruntime: f64,
+    },
+}
+
+#[derive(Debug)]
+struct RtNode {
+    path: String,
+    type_name: &'static str,
+    children: Vec<usize>,
+    weight: f64,
+    priority: i64,
+    /// Start-time fair queueing tag, kept by the node for its fair parent.
+    vruntime: f64,
+    has_fair_parent: bool,
+    kind: RtKind,
+    stats: NodeStats,
+}
+
+/// What a grant holds: the `inflight_limit` nodes it counts against, and its cost.
+#[derive(Debug)]
+struct Grant {
+    constraints: Vec<usize>,
+    cost: i64,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    leaf: usize,
+    cost: i64,
+    grant: oneshot::Sender<Grant>,
+}
+
+#[derive(Debug)]
+struct State {
+    nodes: Vec<RtNode>,
+    /// Leaf queue of each leaf workload; `None` for workloads that have children.
+    leaves: HashMap<String, Option<usize>>,
+    waiting: HashMap<u64, Waiting>,
+    next_id: u64,
+    /// When a timer will next run the dispatcher (a throttler refills then).
+    wake_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    resource: String,
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+    /// Where throttler wake-up timers run; none outside a tokio runtime (then rates are
+    /// re-checked only when requests arrive or finish).
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+/// Admission for one resource, running its compiled tree.
+#[derive(Debug, Clone)]
+pub struct ResourceScheduler {
+    shared: Arc<Shared>,
+}
+
+impl ResourceScheduler {
+    /// Builds the runtime nodes of `tree`. Call it inside a tokio runtime for throttler timers.
+    pub fn new(tree: &ResourceTree, clock: Arc<dyn Clock>) -> Self {
+        let now = clock.now();
+        let mut state = State {
+            nodes: Vec::new(),
+            leaves: HashMap::new(),
+            waiting: HashMap::new(),
+            next_id: 0,
+            wake_at: None,
+        };
+        if let Some(root) = &tree.root {
+            add_node(&mut state, root, "", None, false, now);
+        }
+        ResourceScheduler {
+            shared: Arc::new(Shared {
+                resource: tree.resource.clone(),
+                state: Mutex::new(state),
+                clock,
+                runtime: tokio::runtime::Handle::try_current().ok(),
+            }),
+        }
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.shared.resource
+    }
+
+    /// Whether `workload` has a node in this tree (unknown workloads are the caller's
+    /// decision: unlimited, or RESOURCE_ACCESS_DENIED with `throw_on_unknown_workload`).
+    pub fn has_workload(&self, workload: &str) -> bool {
+        self.shared.lock().leaves.contains_key(workload)
+    }
+
+    /// Enqueues a request of `cost` for `workload` and returns the future of its grant. Errors
+    /// come at once: the workload has children (INVALID_SCHEDULER_NODE), or its queue is full
+    /// (SERVER_OVERLOADED). An unknown workload is granted at once, without limits.
+    pub fn acquire(&self, workload: &str, cost: i64) -> Result<Acquire> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        let leaf = match state.leaves.get(workload) {
+            None => return Ok(Acquire::unlimited()),
+            Some(None) => {
+                return Err(Error::new(
+                    ErrorCode::InvalidSchedulerNode,
+                    format!("Unable to link to workload '{workload}' that has children"),
+                ))
+            }
+            Some(Some(leaf)) => *leaf,
+        };
+        let node = &mut state.nodes[leaf];
+        let RtKind::Queue { queue, max_queued } = &mut node.kind else {
+            unreachable!("leaves map to queue nodes");
+        };
+        if queue.len() as i64 >= *max_queued {
+            let message = format!(
+                "Workload limit `max_waiting_queries` has been reached: {} of {max_queued}",
+                queue.len()
+            );
+            node.stats.rejected_requests += 1;
+            node.stats.rejected_cost += cost;
+            return Err(Error::new(ErrorCode::ServerOverloaded, message));
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
+            queue.push_back(id);
+        }
+        let (tx, rx) = oneshot::channel();
+        state.waiting.insert(
+            id,
+            Waiting {
+                leaf,
+                cost,
+                grant: tx,
+            },
+        );
+        let queue_path = state.nodes[leaf].path.clone();
+        shared.dispatch(&mut state);
+        drop(state);
+        Ok(Acquire {
+            shared: Some(Arc::downgrade(shared)),
+            id,
+            rx: Some(rx),
+            queue_path,
+        })
+    }
+
+    /// The live state of every node, ordered by path.
+    pub fn nodes(&self) -> Vec<NodeState> {
+        let state = self.shared.lock();
+        let mut out: Vec<NodeState> = state
+            .nodes
+            .iter()
+            .map(|n| NodeState {
+                path: n.path.clone(),
+                type_name: n.type_name,
+                stats: n.stats.clone(),
+                queue_length: match &n.kind {
+                    RtKind::Queue { queue, .. } => Some(queue.len() as u64),
+                    _ => None,
+                },
+                inflight_requests: match n.kind {
+                    RtKind::Inflight { requests, .. } => Some(requests),
+                    _ => None,
+                },
+                inflight_cost: match n.kind {
+                    RtKind::Inflight { cost, .. } => Some(cost),
+                    _ => None,
+                },
+                tokens: match n.kind {
+                    RtKind::Bandwidth { tokens, .. } => Some(tokens),
+                    _ => None,
+                },
+                vruntime: n.has_fair_parent.then_some(n.vruntime),
+                system_vruntime: match n.kind {
+                    RtKind::Fair {
+                        system_vruntime, ..
+                    } => Some(system_vruntime),
+                    _ => None,
+                },
+            })
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+
+    /// Requests waiting in all queues.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiting.len()
+    }
+}
+
+fn add_node(
+    state: &mut State,
+    node: &Node,
+    prefix: &str,
+    workload: Option<&str>,
+    fair_parent: bool,
+    now: Instant,
+) -> usize {
+    let path = format!("{prefix}/{}", node.basename);
+    let kind = match &node.kind {
+        NodeKind::Workload => RtKind::Workload,
+        NodeKind::Fifo { max_queued } | NodeKind::AllocationQueue { max_queued } => RtKind::Queue {
+            queue: VecDeque::new(),
+            max_queued: *max_queued,
+        },
+        NodeKind::InflightLimit {
+            max_requests,
+            max_cost,
+        } => RtKind::Inflight {
+            max_requests: *max_requests,
+            max_cost: *max_cost,
+            requests: 0,
+            cost: 0,
+        },
+        NodeKind::BandwidthLimit {
+            max_speed,
+            max_burst,
+        } => RtKind::Bandwidth {
+            max_speed: *max_speed,
+            max_burst: *max_burst,
+            tokens: *max_burst,
+            last: now,
+        },
+        NodeKind::Priority | NodeKind::PrecedenceAllocation => RtKind::Priority,
+        NodeKind::Fair | NodeKind::FairAllocation => RtKind::Fair {
+            system_vruntime: 0.0,
+            max_vruntime: 0.0,
+        },
+        NodeKind::AllocationLimit { .. } => RtKind::Workload,
+    };
+    let index = state.nodes.len();
+    state.nodes.push(RtNode {
+        path: path.clone(),
+        type_name: node.kind.type_name(),
+        children: Vec::new(),
+        weight: node.weight,
+        priority: node.priority,
+        vruntime: 0.0,
+        has_fair_parent: fair_parent,
+        kind,
+        stats: NodeStats::default(),
+    });
+    let is_fair = matches!(node.kind, NodeKind::Fair | NodeKind::FairAllocation);
+    let own = if node.kind == NodeKind::Workload {
+        Some(node.basename.as_str())
+    } else {
+        workload
+    };
+    if node.kind == NodeKind::Workload {
+        // A workload that holds a queue directly below its constraints is a leaf.
+        state.leaves.insert(node.basename.clone(), None);
+    }
+    for child in &node.children {
+        let c = add_node(state, child, &path, own, is_fair, now);
+        state.nodes[index].children.push(c);
+    }
+    if matches!(state.nodes[index].kind, RtKind::Queue { .. }) {
+        if let Some(w) = own {
+            state.leaves.insert(w.to_string(), Some(index));
+        }
+    }
+    index
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves counters that are still consistent enough to
+        // keep serving; do not cascade it into every later query.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Grants every request the tree lets through now, then arms a timer for the earliest
+    /// throttler refill that would let more through.
+    fn dispatch(self: &Arc<Self>, state: &mut State) {
+        if state.nodes.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        loop {
+            if !is_active(state, 0, now) {
+                break;
+            }
+            let mut constraints = Vec::new();
+            let Some(id) = dequeue(state, 0, now, &mut constraints) else {
+                break;
+            };
+            let Some(waiting) = state.waiting.remove(&id) else {
+                continue;
+            };
+            for &c in &constraints {
+                if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
+                    *requests += 1;
+                    *cost += waiting.cost;
+                }
+            }
+            let grant = Grant {
+                constraints,
+                cost: waiting.cost,
+            };
+            if let Err(grant) = waiting.grant.send(grant) {
+                // The future is gone (its drop is waiting for this lock): release in place.
+                release_locked(state, &grant);
+            }
+        }
+        self.arm_timer(state, now);
+    }
+
+    fn arm_timer(self: &Arc<Self>, state: &mut State, now: Instant) {
+        let Some(runtime) = &self.runtime else { return };
+        let Some(at) = next_refill(state, 0, now) else {
+            return;
+        };
+        if state.wake_at.is_some_and(|w| w <= at && w > now) {
+            return;
+        }
+        state.wake_at = Some(at);
+        let weak: Weak<Shared> = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if let Some(shared) = weak.upgrade() {
+                let mut state = shared.lock();
+                if state.wake_at == Some(at) {
+                    state.wake_at = None;
+                }
+                shared.dispatch(&mut state);
+            }
+        });
+    }
+
+    fn release(self: &Arc<Self>, grant: &Grant) {
+        let mut state = self.lock();
+        release_locked(&mut state, grant);
+        self.dispatch(&mut state);
+    }
+}
+
+fn release_locked(state: &mut State, grant: &Grant) {
+    for &c in &grant.constraints {
+        if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
+            *requests -= 1;
+            *cost -= grant.cost;
+        }
+    }
+}
+
+fn refill(kind: &mut RtKind, now: Instant) {
+    if let RtKind::Bandwidth {
+        max_speed,
+        max_burst,
+        tokens,
+        last,
+    } = kind
+    {
+        let elapsed = now.saturating_duration_since(*last).as_secs_f64();
+        *tokens = (*tokens + *max_speed * elapsed).min(*max_burst);
+        *last = now;
+    }
+}
+
+/// Whether node `n` can give a request now.
+fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
+    refill(&mut state.nodes[n].kind, now);
+    let satisfied = match &state.nodes[n].kind {
+        RtKind::Queue { queue, .. } => return !queue.is_empty(),
+        RtKind::Inflight {
+            max_requests,
+            max_cost,
+            requests,
+            cost,
+        } => requests < max_requests && cost < max_cost,
+        RtKind::Bandwidth { tokens, .. } => *tokens >= 0.0,
+        RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
+    };
+    if !satisfied {
+        return false;
+    }
+    let children = state.nodes[n].children.clone();
+    children.into_iter().any(|c| is_active(state, c, now))
+}
+
+/// Takes the next request below active node `n`, recording every `inflight_limit` it passes.
+fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usize>) -> Option<u64> {
+    let children = state.nodes[n].children.clone();
+    let id = match &state.nodes[n].kind {
+        RtKind::Queue { .. } => {
+            let RtKind::Queue { queue, .. } = &mut state.nodes[n].kind else {
+                unreachable!()
+            };
+            queue.pop_front()
+        }
+        RtKind::Workload | RtKind::Inflight { .. } | RtKind::Bandwidth { .. } => {
+            let child = *children.first()?;
+            dequeue(state, child, now, constraints)
+        }
+        RtKind::Priority => {
+            let mut best: Option<usize> = None;
+            for c in children {
+                if is_active(state, c, now)
+                    && best.is_none_or(|b| state.nodes[c].priority < state.nodes[b].priority)
+                {
+                    best = Some(c);
+                }
+            }
+            dequeue(state, best?, now, constraints)
+        }
+        RtKind::Fair {
+            system_vruntime, ..
+        } => {
+            let system = *system_vruntime;
+            let mut best: Option<usize> = None;
+            for c in children.iter().copied() {
+                if !is_active(state, c, now) {
+                    continue;
+                }
+                // A child that was idle earns no credit: it restarts at the node's clock.
+                let v = state.nodes[c].vruntime.max(system);
+                state.nodes[c].vruntime = v;
+                if best.is_none_or(|b| v < state.nodes[b].vruntime) {
+                    best = Some(c);
+                }
+            }
+            let best = best?;
+            let start = state.nodes[best].vruntime;
+            let id = dequeue(state, best, now, constraints)?;
+            let cost = state.waiting.get(&id).map_or(1, |w| w.cost) as f64;
+            let weight = state.nodes[best].weight;
+            state.nodes[best].vruntime += cost / weight;
+            let finish = state.nodes[best].vruntime;
+            let any_active = children.iter().any(|&c| is_active(state, c, now));
+            if let RtKind::Fair {
+                system_vruntime,
+                max_vruntime,
+            } = &mut state.nodes[n].kind
+            {
+                *system_vruntime = start;
+                *max_vruntime = max_vruntime.max(finish);
+                if !any_active {
+                    // End of a busy period: whoever comes next starts level with the rest.
+                    *system_vruntime = *max_vruntime;
+                    state.nodes[n].stats.busy_periods += 1;
+                }
+            }
+            Some(id)
+        }
+    }?;
+    let cost = state.waiting.get(&id).map_or(0, |w| w.cost);
+    let node = &mut state.nodes[n];
+    node.stats.dequeued_requests += 1;
+    node.stats.dequeued_cost += cost;
+    match &mut node.kind {
+        RtKind::Inflight { .. } => constraints.push(n),
+        RtKind::Bandwidth {
+            max_speed, tokens, ..
+        } => {
+            *tokens -= cost as f64;
+            if *tokens < 0.0 && *max_speed > 0.0 {
+                node.stats.throttling += Duration::from_secs_f64(-*tokens / *max_speed);
+            }
+        }
+        _ => {}
+    }
+    Some(id)
+}
+
+/// The earliest moment a throttler that holds back waiting requests has tokens again.
+fn next_refill(state: &mut State, n: usize, now: Instant) -> Option<Instant> {
+    let children = state.nodes[n].children.clone();
+    let own = match state.nodes[n].kind {
+        RtKind::Bandwidth {
+            max_speed, tokens, ..
+        } if tokens < 0.0 && max_speed > 0.0 => {
+            let has_waiting = children.iter().any(|&c| has_waiting(state, c));
+            has_waiting.then(|| now + Duration::from_secs_f64(-tokens / max_speed))
+        }
+        _ => None,
+    };
+    children
+        .into_iter()
+        .filter_map(|c| next_refill(state, c, now))
+        .chain(own)
+        .min()
+}
+
+fn has_waiting(state: &State, n: usize) -> bool {
+    match &state.nodes[n].kind {
+        RtKind::Queue { queue, .. } => !queue.is_empty(),
+        _ => state.nodes[n]
+            .children
+            .iter()
+            .any(|&c| has_waiting(state, c)),
+    }
+}
+
+/// The future of a grant. Dropping it before the grant cancels the request; dropping it after
+/// releases the grant.
+#[derive(Debug)]
+pub struct Acquire {
+    shared: Option<Weak<Shared>>,
+    id: u64,
+    rx: Option<oneshot::Receiver<Grant>>,
+    queue_path: String,
+}
+
+impl Acquire {
+    fn unlimited() -> Self {
+        Acquire {
+            shared: None,
+            id: 0,
+            rx: None,
+            queue_path: String::new(),
+        }
+    }
+
+    /// The path of the queue the request waits in (empty for unlimited access), for telling a
+    /// client where its query waits.
+    pub fn queue_path(&self) -> &str {
+        &self.queue_path
+    }
+
+    /// Whether the grant has been decided already (the first poll will be ready).
+    pub fn is_granted(&mut self) -> bool {
+        match &mut self.rx {
+            None => true,
+            Some(rx) => !rx.is_empty(),
+        }
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Permit>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(Ok(Permit {
+                shared: None,
+                grant: None,
+            }));
+        };
+        match Pin::new(rx).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(grant)) => {
+                self.rx = None;
+                let shared = self.shared.take().and_then(|w| w.upgrade());
+                Poll::Ready(Ok(Permit {
+                    shared,
+                    grant: Some(grant),
+                }))
+            }
+            Poll::Ready(Err(_)) => {
+                self.rx = None;
+                Poll::Ready(Err(Error::new(
+                    ErrorCode::InvalidSchedulerNode,
+                    "Scheduler queue with resource request is about to be destructed",
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        let (Some(mut rx), Some(shared)) =
+            (self.rx.take(), self.shared.take().and_then(|w| w.upgrade()))
+        else {
+            return;
+        };
+        let mut state = shared.lock();
+        if let Some(waiting) = state.waiting.remove(&self.id) {
+            let leaf = waiting.leaf;
+            let node = &mut state.nodes[leaf];
+            if let RtKind::Queue { queue, .. } = &mut node.kind {
+                queue.retain(|&id| id != self.id);
+            }
+            node.stats.canceled_requests += 1;
+            node.stats.canceled_cost += waiting.cost;
+            return;
+        }
+        // Granted before anyone polled: give it back.
+        if let Ok(grant) = rx.try_recv() {
+            release_locked(&mut state, &grant);
+            shared.dispatch(&mut state);
+        }
+    }
+}
+
+/// What a granted request holds until it is dropped.
+#[derive(Debug)]
+pub struct Permit {
+    shared: Option<Arc<Shared>>,
+    grant: Option<Grant>,
+}
+
+impl Permit {
+    /// Whether the permit was granted without limits (the workload has no node here).
+    pub fn is_unlimited(&self) -> bool {
+        self.grant.is_none()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let (Some(shared), Some(grant)) = (self.shared.take(), self.grant.take()) {
+            shared.release(&grant);
+        }
+    }
+}

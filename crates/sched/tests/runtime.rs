@@ -1,0 +1,399 @@
+//! The time-shared scheduler nodes at work, in tokio's paused (virtual) time: caps, order,
+//! fairness, rates, queue limits, cancellation, and that nothing leaks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_catalog::Catalog;
+use sluice_sched::{compile, Machine, Permit, ResourceScheduler, TokioClock};
+use sluice_sql::{parse_script, ErrorCode};
+
+const MACHINE: Machine = Machine {
+    cores: 4,
+    memory: 1 << 34,
+};
+
+/// A scheduler for the QUERY resource `q` of the catalog `ddl` builds.
+fn scheduler(ddl: &str) -> ResourceScheduler {
+    let mut catalog = Catalog::new();
+    for item in parse_script(&format!("CREATE RESOURCE q (QUERY); {ddl}")) {
+        let stmt = item.result.expect("parses");
+        catalog.apply_mut(&stmt).expect("applies");
+    }
+    let trees = compile(&catalog, MACHINE).expect("compiles");
+    ResourceScheduler::new(trees.tree("q").expect("tree q"), Arc::new(TokioClock))
+}
+
+/// Lets spawned timers and woken tasks run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn node<'a>(nodes: &'a [sluice_sched::NodeState], path: &str) -> &'a sluice_sched::NodeState {
+    nodes
+        .iter()
+        .find(|n| n.path == path)
+        .unwrap_or_else(|| panic!("no node {path}"))
+}
+
+/// Nothing waits and nothing is held anywhere.
+fn assert_idle(s: &ResourceScheduler) {
+    assert_eq!(s.waiting(), 0);
+    for n in s.nodes() {
+        assert!(n.queue_length.unwrap_or(0) == 0, "{} still queues", n.path);
+        assert!(
+            n.inflight_requests.unwrap_or(0) == 0,
+            "{} still holds",
+            n.path
+        );
+        assert!(
+            n.inflight_cost.unwrap_or(0) == 0,
+            "{} still holds cost",
+            n.path
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_is_capped_and_waiters_go_in_order() {
+    let s = scheduler("CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2");
+    let mut waits: Vec<_> = (0..5)
+        .map(|_| s.acquire("all", 1).expect("enqueues"))
+        .collect();
+    let granted: Vec<bool> = waits.iter_mut().map(|a| a.is_granted()).collect();
+    assert_eq!(granted, [true, true, false, false, false]);
+    assert_eq!(waits[2].queue_path(), "/all/semaphore/fifo");
+    let mut held: Vec<Permit> = Vec::new();
+    for a in waits.drain(..2) {
+        held.push(a.await.expect("granted"));
+    }
+    assert_eq!(
+        node(&s.nodes(), "/all/semaphore").inflight_requests,
+        Some(2)
+    );
+    // Each release lets exactly the oldest waiter in.
+    for expected_next in 2..5 {
+        held.remove(0);
+        let granted: Vec<bool> = waits.iter_mut().map(|a| a.is_granted()).collect();
+        assert_eq!(
+            granted.iter().filter(|g| **g).count(),
+            1,
+            "after a release, one more runs"
+        );
+        assert!(granted[0], "the oldest waiter ({expected_next}) goes first");
+        held.push(waits.remove(0).await.expect("granted"));
+        assert_eq!(
+            node(&s.nodes(), "/all/semaphore").inflight_requests,
+            Some(2)
+        );
+    }
+    drop(held);
+    assert_idle(&s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn priority_orders_waiting_queries_strictly() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD hi IN all SETTINGS priority = 0;
+         CREATE WORKLOAD lo IN all SETTINGS priority = 1",
+    );
+    let first = s
+        .acquire("lo", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    let mut order = Vec::new();
+    let mut waits = vec![
+        ("lo1", s.acquire("lo", 1).expect("enqueues")),
+        ("hi1", s.acquire("hi", 1).expect("enqueues")),
+        ("lo2", s.acquire("lo", 1).expect("enqueues")),
+        ("hi2", s.acquire("hi", 1).expect("enqueues")),
+    ];
+    drop(first);
+    while !waits.is_empty() {
+        let i = waits
+            .iter_mut()
+            .position(|(_, a)| a.is_granted())
+            .expect("one is granted");
+        let (name, a) = waits.remove(i);
+        order.push(name);
+        drop(a.await.expect("granted"));
+    }
+    assert_eq!(order, ["hi1", "hi2", "lo1", "lo2"]);
+    assert_idle(&s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn weights_share_a_contended_slot_three_to_one() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD heavy IN all SETTINGS weight = 3;
+         CREATE WORKLOAD light IN all SETTINGS weight = 1",
+    );
+    let mut permit = Some(
+        s.acquire("heavy", 1)
+            .expect("enqueues")
+            .await
+            .expect("granted"),
+    );
+    // Both stay backlogged: 400 waiters each.
+    let mut waits: Vec<(&str, _)> = Vec::new();
+    for _ in 0..400 {
+        waits.push(("heavy", s.acquire("heavy", 1).expect("enqueues")));
+        waits.push(("light", s.acquire("light", 1).expect("enqueues")));
+    }
+    let (mut heavy, mut light) = (0, 0);
+    for _ in 0..400 {
+        permit.take();
+        let i = waits
+            .iter_mut()
+            .position(|(_, a)| a.is_granted())
+            .expect("granted");
+        let (name, a) = waits.remove(i);
+        if name == "heavy" {
+            heavy += 1
+        } else {
+            light += 1
+        }
+        permit = Some(a.await.expect("granted"));
+    }
+    assert_eq!(heavy + light, 400);
+    let ratio = f64::from(heavy) / f64::from(light);
+    assert!((2.85..=3.15).contains(&ratio), "{heavy}:{light}");
+    drop(permit);
+    drop(waits);
+    assert_idle(&s);
+    assert!(node(&s.nodes(), "/all/semaphore/p0_fair")
+        .system_vruntime
+        .is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn query_rate_never_exceeds_burst_plus_rate_times_t() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_queries_per_second = 10, max_burst_queries = 5",
+    );
+    let start = tokio::time::Instant::now();
+    let mut waits: Vec<_> = (0..40)
+        .map(|_| s.acquire("all", 1).expect("enqueues"))
+        .collect();
+    let mut started: Vec<Duration> = Vec::new();
+    while !waits.is_empty() {
+        let mut i = 0;
+        while i < waits.len() {
+            if waits[i].is_granted() {
+                drop(waits.remove(i).await.expect("granted"));
+                started.push(start.elapsed());
+            } else {
+                i += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        settle().await;
+    }
+    // In every window [a, b]: starts ≤ burst + rate × (b − a), plus the one request that may
+    // overdraw the bucket.
+    for (i, a) in started.iter().enumerate() {
+        for (j, b) in started.iter().enumerate().skip(i) {
+            let window = (*b - *a).as_secs_f64();
+            let count = (j - i + 1) as f64;
+            assert!(
+                count <= 5.0 + 10.0 * window + 1.0,
+                "{count} starts in {window}s"
+            );
+        }
+    }
+    // ClickHouse's bucket admits while tokens ≥ 0 and charges after: the burst plus the one
+    // request that overdraws go at once.
+    assert_eq!(
+        started.iter().filter(|t| t.is_zero()).count(),
+        6,
+        "the burst goes at once"
+    );
+    let last = started.last().expect("some").as_secs_f64();
+    assert!(
+        (3.4..=3.7).contains(&last),
+        "35 more at 10/s take 3.5s, took {last}"
+    );
+    assert_idle(&s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_rejects_with_server_overloaded() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD w IN all SETTINGS max_waiting_queries = 1",
+    );
+    let running = s.acquire("w", 1).expect("enqueues").await.expect("granted");
+    let waiting = s.acquire("w", 1).expect("enqueues");
+    let e = s.acquire("w", 1).expect_err("the queue is full");
+    assert_eq!(e.code, ErrorCode::ServerOverloaded);
+    assert_eq!(
+        e.to_string(),
+        "Workload limit `max_waiting_queries` has been reached: 1 of 1. (SERVER_OVERLOADED)"
+    );
+    assert_eq!(
+        node(&s.nodes(), "/all/semaphore/w/fifo")
+            .stats
+            .rejected_requests,
+        1
+    );
+    drop(running);
+    drop(waiting.await.expect("granted"));
+    assert_idle(&s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_waiter_removes_it_and_a_granted_drop_releases() {
+    let s = scheduler("CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1");
+    let running = s
+        .acquire("all", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    let cancelled = s.acquire("all", 1).expect("enqueues");
+    let mut next = s.acquire("all", 1).expect("enqueues");
+    assert_eq!(s.waiting(), 2);
+    drop(cancelled);
+    assert_eq!(s.waiting(), 1);
+    // What system.scheduler shows: the cancelled request no longer counts as queued.
+    assert_eq!(
+        node(&s.nodes(), "/all/semaphore/fifo").queue_length,
+        Some(1)
+    );
+    assert_eq!(
+        node(&s.nodes(), "/all/semaphore/fifo")
+            .stats
+            .canceled_requests,
+        1
+    );
+    drop(running);
+    assert!(
+        next.is_granted(),
+        "the cancelled request must not take the slot"
+    );
+    // Granted but never polled: dropping the future gives the slot back.
+    drop(next);
+    assert_idle(&s);
+    let again = s
+        .acquire("all", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    drop(again);
+    assert_idle(&s);
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_leaves_link_and_unknown_workloads_run_unlimited() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; CREATE WORKLOAD leaf IN all",
+    );
+    let e = s.acquire("all", 1).expect_err("all has children");
+    assert_eq!(e.code, ErrorCode::InvalidSchedulerNode);
+    assert!(s.has_workload("leaf") && !s.has_workload("nobody"));
+    let held = s
+        .acquire("leaf", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    let free: Vec<Permit> = futures_unlimited(&s, 3).await;
+    assert!(free.iter().all(Permit::is_unlimited));
+    drop((held, free));
+    assert_idle(&s);
+}
+
+async fn futures_unlimited(s: &ResourceScheduler, n: usize) -> Vec<Permit> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(
+            s.acquire("nobody", 1)
+                .expect("unlimited")
+                .await
+                .expect("granted"),
+        );
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_in_a_task_is_woken_by_a_release() {
+    let s = scheduler("CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1");
+    let held = s
+        .acquire("all", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    let s2 = s.clone();
+    let task = tokio::spawn(async move {
+        let permit = s2
+            .acquire("all", 1)
+            .expect("enqueues")
+            .await
+            .expect("granted");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(permit);
+    });
+    settle().await;
+    assert_eq!(s.waiting(), 1);
+    drop(held);
+    task.await.expect("task ends");
+    assert_idle(&s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_on_real_threads_never_exceeds_the_cap_and_leaks_nothing() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    let s = scheduler("CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; CREATE WORKLOAD a IN all; CREATE WORKLOAD b IN all SETTINGS weight = 2");
+    let running = Arc::new(AtomicI64::new(0));
+    let peak = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..200u32 {
+        let (s, running, peak) = (s.clone(), running.clone(), peak.clone());
+        tasks.push(tokio::spawn(async move {
+            let workload = if i % 2 == 0 { "a" } else { "b" };
+            for round in 0..20u32 {
+                let acquire = s.acquire(workload, 1).expect("enqueues");
+                // A third of the attempts give up while waiting (a client that disconnects).
+                let permit = if (i + round) % 3 == 0 {
+                    match tokio::time::timeout(Duration::from_micros(50), acquire).await {
+                        Ok(p) => p.expect("granted"),
+                        Err(_) => continue,
+                    }
+                } else {
+                    acquire.await.expect("granted")
+                };
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 8,
+        "observed {peak} queries running under a cap of 8"
+    );
+    assert!(peak >= 2, "the test must actually contend (peak {peak})");
+    assert_idle(&s);
+    let nodes = s.nodes();
+    let semaphore = node(&nodes, "/all/semaphore");
+    assert!(
+        semaphore.stats.dequeued_requests > 2000,
+        "{:?}",
+        semaphore.stats
+    );
+    let canceled: u64 = nodes.iter().map(|n| n.stats.canceled_requests).sum();
+    eprintln!(
+        "peak {peak}, granted {}, abandoned while waiting {canceled}",
+        semaphore.stats.dequeued_requests
+    );
+}
