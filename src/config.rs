@@ -18,6 +18,11 @@ pub struct Config {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
+    /// The address `sluice serve` listens on; default `127.0.0.1:6543`.
+    pub listen: Option<String>,
+    /// Queries in a workload the catalog does not know fail with RESOURCE_ACCESS_DENIED
+    /// instead of running unlimited; default false.
+    pub throw_on_unknown_workload: Option<bool>,
     /// Where the catalog (and later the data) lives; default `./sluice-data`.
     pub data_dir: Option<PathBuf>,
     /// Cores the ratio settings resolve against; default: what the machine has.

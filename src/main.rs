@@ -4,6 +4,7 @@
 //!   copied) catalog, print each statement's outcome and, with `--dump`, the system tables.
 //! - `sluice apply --data-dir DIR FILE`: apply a DDL script to a data dir, durably, statement by
 //!   statement; stops at the first error.
+//! - `sluice serve`: the Postgres-wire server on the embedded engine.
 
 mod config;
 mod dump;
@@ -30,6 +31,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the server: Postgres wire protocol, embedded DataFusion engine.
+    Serve {
+        /// A sluice.toml (see docs/config.md).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: 127.0.0.1:6543].
+        #[arg(long)]
+        listen: Option<String>,
+        /// Where the catalog is stored [default: ./sluice-data].
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// CPU cores that `*_ratio_to_cores` and `max_cpu_share` resolve against.
+        #[arg(long)]
+        cores: Option<u32>,
+        /// Memory in bytes that `max_memory_ratio` resolves against.
+        #[arg(long)]
+        memory: Option<u64>,
+    },
     /// Validate a DDL script offline and print each statement's outcome.
     Check {
         /// Also print system.workloads, system.resources and system.scheduler afterwards.
@@ -126,6 +145,22 @@ impl Common {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Serve {
+        config,
+        listen,
+        data_dir,
+        cores,
+        memory,
+    } = cli.command
+    {
+        return match serve(config, listen, data_dir, cores, memory) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -135,8 +170,88 @@ fn main() -> ExitCode {
     }
 }
 
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    cores: Option<u32>,
+    memory: Option<u64>,
+) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = match &config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let listen = listen
+        .or(config.server.listen.clone())
+        .unwrap_or_else(|| "127.0.0.1:6543".to_string());
+    let addr: std::net::SocketAddr = listen.parse().with_context(|| {
+        format!("server.listen: '{listen}' is not an address like 127.0.0.1:6543")
+    })?;
+    if !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {addr}: without [[users]] in the config, sluice trusts every client, \
+             so it only listens on a loopback address (user authentication comes with a later release)"
+        );
+    }
+    let detected = machine::detect();
+    let options = sluice_server::ServerOptions {
+        data_dir: data_dir
+            .or(config.server.data_dir.clone())
+            .unwrap_or_else(|| PathBuf::from("sluice-data")),
+        machine: Machine {
+            cores: cores.or(config.server.cores).unwrap_or(detected.cores),
+            memory: memory.or(config.server.memory).unwrap_or(detected.memory),
+        },
+        throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
+        config_statements: config.catalog.statements.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let shared =
+            sluice_server::Shared::open(options.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::info!(
+            "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory)",
+            options.data_dir.display(),
+            options.machine.cores,
+            options.machine.memory
+        );
+        let shutdown = async {
+            #[cfg(unix)]
+            {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("a SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        };
+        sluice_server::serve(listener, shared, shutdown).await?;
+        Ok(())
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve { .. } => unreachable!("handled in main"),
         Command::Check { dump, common } => {
             let setup = common.setup(None, false)?;
             let mut catalog = setup.catalog;

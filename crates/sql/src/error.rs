@@ -24,6 +24,9 @@ pub enum ErrorCode {
     AccessDenied,
     QueryIsProhibited,
     UnknownSetting,
+    UnknownTable,
+    UnknownIdentifier,
+    NotImplemented,
     /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
     InternalError,
 }
@@ -50,6 +53,9 @@ impl ErrorCode {
             ErrorCode::AccessDenied => "ACCESS_DENIED",
             ErrorCode::QueryIsProhibited => "QUERY_IS_PROHIBITED",
             ErrorCode::UnknownSetting => "UNKNOWN_SETTING",
+            ErrorCode::UnknownTable => "UNKNOWN_TABLE",
+            ErrorCode::UnknownIdentifier => "UNKNOWN_IDENTIFIER",
+            ErrorCode::NotImplemented => "NOT_IMPLEMENTED",
             ErrorCode::InternalError => "LOGICAL_ERROR",
         }
     }
@@ -75,6 +81,9 @@ impl ErrorCode {
             ErrorCode::AccessDenied => 497,
             ErrorCode::QueryIsProhibited => 392,
             ErrorCode::UnknownSetting => 115,
+            ErrorCode::UnknownTable => 60,
+            ErrorCode::UnknownIdentifier => 47,
+            ErrorCode::NotImplemented => 48,
             ErrorCode::InternalError => 49,
         }
     }
@@ -84,6 +93,9 @@ impl ErrorCode {
         match self {
             ErrorCode::SyntaxError => "42601",
             ErrorCode::ResourceNotFound => "42704",
+            ErrorCode::UnknownTable => "42P01",
+            ErrorCode::UnknownIdentifier => "42703",
+            ErrorCode::NotImplemented => "0A000",
             ErrorCode::BadArguments
             | ErrorCode::BadGet
             | ErrorCode::CannotParseNumber

@@ -1,7 +1,8 @@
 //! # sluice-sql: the workload dialect
 //!
 //! Owns the text side of ClickHouse's workload DDL: tokenizing (sqlparser's tokenizer with
-//! ClickHouse's lexical rules, [`parser::SluiceDialect`]), the statements ([`ast`]), and their
+//! ClickHouse's lexical rules, [`parser::SluiceDialect`]), the statements ([`ast`]), taking the
+//! `SETTINGS` tail off any query ([`parser::split_settings`]), and their
 //! canonical text, which is exactly ClickHouse 26.9's normalized `create_query`.
 //! It also owns the error codes every layer reports ([`error`]).
 //!
@@ -23,4 +24,7 @@ pub use ast::{
     Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
-pub use parser::{collapse_whitespace, parse_script, parse_statement, ScriptStatement};
+pub use parser::{
+    collapse_whitespace, parse_script, parse_statement, split_settings, QueryMarkup,
+    ScriptStatement,
+};

@@ -134,6 +134,87 @@ pub fn parse_script(sql: &str) -> Vec<ScriptStatement> {
     out
 }
 
+/// A query with its `SETTINGS name = value, …` tail taken off (ClickHouse's query-level
+/// settings, which sluice honours and the engine never sees).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryMarkup {
+    /// The query text without the tail (and without a trailing `;`).
+    pub query: String,
+    /// The settings, in written order.
+    pub settings: Vec<(String, Literal)>,
+}
+
+/// Takes a `SETTINGS name = literal {, name = literal}` tail off a query. The tail is the last
+/// top-level `SETTINGS` word after which only such a list (and an optional `;`) follows; a
+/// `SETTINGS` that is followed by anything else (a column alias, say) is left in place. Text
+/// that does not tokenize is returned unchanged, for the engine to report.
+pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
+    let unchanged = || QueryMarkup {
+        query: sql.to_string(),
+        settings: Vec::new(),
+    };
+    if sql.len() > MAX_INPUT_BYTES {
+        return Ok(unchanged());
+    }
+    let mut tokens = Vec::new();
+    if Tokenizer::new(&SluiceDialect, sql)
+        .tokenize_with_location_into_buf(&mut tokens)
+        .is_err()
+    {
+        return Ok(unchanged());
+    }
+    let mut depth = 0i64;
+    let mut candidate = None;
+    for (i, t) in tokens.iter().enumerate() {
+        match &t.token {
+            Token::LParen | Token::LBracket => depth += 1,
+            Token::RParen | Token::RBracket => depth -= 1,
+            Token::Word(w)
+                if depth == 0
+                    && w.quote_style.is_none()
+                    && w.value.eq_ignore_ascii_case("SETTINGS") =>
+            {
+                candidate = Some(i);
+            }
+            _ => {}
+        }
+    }
+    let Some(at) = candidate else {
+        return Ok(unchanged());
+    };
+    let tail: Vec<TokenWithSpan> = tokens[at + 1..]
+        .iter()
+        .filter(|t| t.token != Token::SemiColon)
+        .cloned()
+        .collect();
+    let mut parser = Parser::new(&tail, None);
+    let mut settings = Vec::new();
+    loop {
+        let Ok(name) = parser.parse_identifier() else {
+            return Ok(unchanged());
+        };
+        if parser.expect_token(&Token::Eq, "=").is_err() {
+            return Ok(unchanged());
+        }
+        let value = parser.parse_literal()?;
+        settings.push((name, value));
+        if parser.peek() == Some(&Token::Comma) {
+            parser.pos += 1;
+            continue;
+        }
+        break;
+    }
+    if parser.peek().is_some() {
+        return Ok(unchanged());
+    }
+    let source = SourceMap::new(sql);
+    let cut = source.offset(tokens[at].span.start);
+    Ok(QueryMarkup {
+        query: sql[..cut].trim_end().to_string(),
+        settings,
+    })
+}
+
 fn strip_location(message: &str) -> &str {
     message.split(" at Line:").next().unwrap_or(message)
 }
@@ -759,6 +840,33 @@ mod tests {
             ]
         );
         assert!(items[2].result.is_err());
+    }
+
+    #[test]
+    fn settings_tails_are_taken_off_queries() {
+        let m = split_settings("SELECT 1 SETTINGS workload = 'prod', max_threads = 4;")
+            .expect("splits");
+        assert_eq!(m.query, "SELECT 1");
+        assert_eq!(
+            m.settings,
+            [
+                ("workload".to_string(), Literal::String("prod".into())),
+                ("max_threads".to_string(), Literal::UInt(4))
+            ]
+        );
+        // Not a tail: inside parentheses, an alias, a string.
+        for q in [
+            "SELECT (SELECT 1 SETTINGS workload = 'x')",
+            "SELECT 1 AS settings",
+            "SELECT 'SETTINGS workload = 1'",
+            "SELECT settings FROM t",
+        ] {
+            assert_eq!(split_settings(q).expect("splits").query, q, "{q}");
+        }
+        let m = split_settings("select a from t where b = 1 settings reserve_memory = '80Mi'")
+            .expect("splits");
+        assert_eq!(m.query, "select a from t where b = 1");
+        assert_eq!(m.settings[0].1, Literal::String("80Mi".into()));
     }
 
     #[test]

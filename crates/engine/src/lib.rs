@@ -1,0 +1,369 @@
+//! # sluice-engine: where queries run
+//!
+//! Owns the embedded Apache DataFusion engine (the default): one [`Session`] per client
+//! connection, all sharing one set of catalogs (a table one client creates, the others see) but
+//! each with its own settings, so nothing a client `SET`s leaks to another. It adds what
+//! Postgres clients expect and DataFusion lacks (`pg_sleep`). The upstream-Postgres engine comes
+//! later behind the same calls.
+//!
+//! Invariants:
+//! - A statement's results are complete before [`Session::execute`] returns, so dropping the
+//!   returned future (a cancelled query) stops the work and holds nothing.
+//! - `target_partitions` given to a statement applies to that statement only.
+//!
+//! It decides no policy: admission and limits are the server's and the scheduler's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{ArrayRef, StringArray};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use datafusion::execution::context::SessionContext;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::async_udf::{AsyncScalarUDF, AsyncScalarUDFImpl};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+};
+use datafusion::prelude::SessionConfig;
+
+pub use datafusion;
+pub use datafusion::error::DataFusionError;
+
+/// What a statement produced.
+#[derive(Debug)]
+pub enum QueryOutput {
+    /// Rows (a query).
+    Rows {
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    },
+    /// A command, with the Postgres command tag and the rows it affected when that applies.
+    Command { tag: String, rows: Option<usize> },
+}
+
+/// The embedded engine: shared catalogs, and a template for sessions.
+#[derive(Clone)]
+pub struct Engine {
+    base: SessionContext,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new()
+    }
+}
+
+impl Engine {
+    pub fn new() -> Self {
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_default_catalog_and_schema("datafusion", "public");
+        let base = SessionContext::new_with_config(config);
+        base.register_udf(AsyncScalarUDF::new(Arc::new(PgSleep::new())).into_scalar_udf());
+        Engine { base }
+    }
+
+    /// A new session: shares the catalogs (tables), owns its settings.
+    pub fn session(&self) -> Session {
+        let state = SessionStateBuilder::new_from_existing(self.base.state()).build();
+        Session {
+            ctx: SessionContext::new_with_state(state),
+        }
+    }
+
+    /// Registers (or replaces) a table of the given batches in schema `schema` of the shared
+    /// catalog: how the server publishes `system.*`.
+    pub fn set_table(
+        &self,
+        schema: &str,
+        name: &str,
+        batch: RecordBatch,
+    ) -> Result<(), DataFusionError> {
+        use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+        use datafusion::datasource::MemTable;
+        let catalog = self
+            .base
+            .catalog("datafusion")
+            .ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
+        let provider = match catalog.schema(schema) {
+            Some(p) => p,
+            None => {
+                let p: Arc<dyn SchemaProvider> = Arc::new(MemorySchemaProvider::new());
+                catalog.register_schema(schema, p.clone())?;
+                p
+            }
+        };
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        provider.deregister_table(name)?;
+        provider.register_table(name.to_string(), Arc::new(table))?;
+        Ok(())
+    }
+}
+
+/// One client's session.
+pub struct Session {
+    ctx: SessionContext,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Plans and runs one statement to completion. `target_partitions` (the query's
+    /// parallelism) applies to this statement only.
+    pub async fn execute(
+        &self,
+        sql: &str,
+        target_partitions: Option<usize>,
+    ) -> Result<QueryOutput, DataFusionError> {
+        let ctx = match target_partitions {
+            Some(n) if n > 0 => {
+                let mut state = self.ctx.state();
+                state.config_mut().options_mut().execution.target_partitions = n;
+                SessionContext::new_with_state(state)
+            }
+            _ => self.ctx.clone(),
+        };
+        let df = ctx.sql(sql).await?;
+        let kind = first_keyword(sql);
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await?;
+        Ok(match kind.as_str() {
+            "SELECT" | "WITH" | "VALUES" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "TABLE" => {
+                QueryOutput::Rows { schema, batches }
+            }
+            "INSERT" => QueryOutput::Command {
+                tag: "INSERT 0".into(),
+                rows: Some(count(&batches)),
+            },
+            "UPDATE" | "DELETE" => QueryOutput::Command {
+                tag: kind.clone(),
+                rows: Some(count(&batches)),
+            },
+            "CREATE" | "DROP" => QueryOutput::Command {
+                tag: command_tag(sql),
+                rows: None,
+            },
+            "SET" => QueryOutput::Command {
+                tag: "SET".into(),
+                rows: None,
+            },
+            _ if !batches.is_empty() && !schema.fields().is_empty() => {
+                QueryOutput::Rows { schema, batches }
+            }
+            _ => QueryOutput::Command {
+                tag: kind,
+                rows: None,
+            },
+        })
+    }
+}
+
+impl Session {
+    /// The result columns of a statement, planned but not run (DDL is not executed); `None`
+    /// for a statement that returns no rows.
+    pub async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>, DataFusionError> {
+        let plan = self.ctx.state().create_logical_plan(sql).await?;
+        let schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        Ok((!schema.fields().is_empty()).then_some(schema))
+    }
+}
+
+/// Rows counted by a DML statement's result (DataFusion returns one `count` column).
+fn count(batches: &[RecordBatch]) -> usize {
+    batches
+        .iter()
+        .filter_map(|b| b.columns().first())
+        .filter_map(|c| {
+            c.as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map(|a| a.iter().flatten().sum::<u64>() as usize)
+        })
+        .sum()
+}
+
+/// The first keyword of a statement, uppercased.
+pub fn first_keyword(sql: &str) -> String {
+    let mut rest = sql.trim_start();
+    // Skip leading comments and parentheses.
+    loop {
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r
+                .split_once('\n')
+                .map_or("", |(_, after)| after)
+                .trim_start();
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r
+                .split_once("*/")
+                .map_or("", |(_, after)| after)
+                .trim_start();
+        } else if let Some(r) = rest.strip_prefix('(') {
+            rest = r.trim_start();
+        } else {
+            break;
+        }
+    }
+    rest.split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase()
+}
+
+/// `CREATE TABLE`, `DROP VIEW`, … : the first two words (three for `CREATE EXTERNAL TABLE`).
+fn command_tag(sql: &str) -> String {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    match words.as_slice() {
+        [a, b, _, d, ..] if b == "OR" => format!("{a} {d}"),
+        [a, b, ..] if b == "EXTERNAL" || b == "UNBOUNDED" => format!("{a} TABLE"),
+        [a, b, ..] => format!("{a} {b}"),
+        _ => words.join(" "),
+    }
+}
+
+/// `pg_sleep(seconds)`: sleeps without blocking a thread, returns NULL (Postgres' `void`).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct PgSleep {
+    signature: Signature,
+}
+
+impl PgSleep {
+    fn new() -> Self {
+        PgSleep {
+            signature: Signature::uniform(1, vec![DataType::Float64], Volatility::Volatile),
+        }
+    }
+}
+
+impl ScalarUDFImpl for PgSleep {
+    fn name(&self) -> &str {
+        "pg_sleep"
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+    fn invoke_with_args(
+        &self,
+        _args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        Err(DataFusionError::Internal(
+            "pg_sleep runs asynchronously".into(),
+        ))
+    }
+}
+
+#[async_trait]
+impl AsyncScalarUDFImpl for PgSleep {
+    async fn invoke_async_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let seconds: Vec<f64> = match args.args.first() {
+            Some(ColumnarValue::Scalar(ScalarValue::Float64(v))) => {
+                vec![v.unwrap_or(0.0); rows.max(1)]
+            }
+            Some(ColumnarValue::Array(a)) => {
+                let a = a
+                    .as_any()
+                    .downcast_ref::<datafusion::arrow::array::Float64Array>()
+                    .ok_or_else(|| DataFusionError::Internal("pg_sleep takes seconds".into()))?;
+                a.iter().map(|v| v.unwrap_or(0.0)).collect()
+            }
+            _ => vec![0.0],
+        };
+        for s in seconds {
+            if s.is_finite() && s > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(s)).await;
+            }
+        }
+        let nulls: ArrayRef = Arc::new(StringArray::from(vec![None::<&str>; rows]));
+        Ok(ColumnarValue::Array(nulls))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sessions_share_tables_not_settings() {
+        let engine = Engine::new();
+        let a = engine.session();
+        let b = engine.session();
+        a.execute("CREATE TABLE t (x INT)", None)
+            .await
+            .expect("create");
+        let out = a
+            .execute("INSERT INTO t VALUES (1), (2)", None)
+            .await
+            .expect("insert");
+        assert!(
+            matches!(out, QueryOutput::Command { rows: Some(2), .. }),
+            "{out:?}"
+        );
+        let QueryOutput::Rows { batches, .. } = b
+            .execute("SELECT sum(x) FROM t", None)
+            .await
+            .expect("select")
+        else {
+            panic!("rows expected");
+        };
+        assert_eq!(batches[0].num_rows(), 1);
+        a.execute("SET datafusion.execution.batch_size = 7", None)
+            .await
+            .expect("set");
+        async fn show(s: &Session) -> String {
+            match s
+                .execute("SHOW datafusion.execution.batch_size", None)
+                .await
+                .expect("show")
+            {
+                QueryOutput::Rows { batches, .. } => format!("{:?}", batches[0].column(1)),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(show(&a).await.contains('7'));
+        assert!(!show(&b).await.contains("\"7\""));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pg_sleep_sleeps_in_virtual_time() {
+        let s = Engine::new().session();
+        let start = tokio::time::Instant::now();
+        let out = s.execute("SELECT pg_sleep(2)", None).await.expect("runs");
+        assert!(matches!(out, QueryOutput::Rows { .. }));
+        assert!(start.elapsed() >= Duration::from_secs(2));
+    }
+
+    #[test]
+    fn keywords_and_tags() {
+        assert_eq!(first_keyword("  /* x */ -- y\n (select 1)"), "SELECT");
+        assert_eq!(
+            command_tag("create external table t stored as csv location 'x'"),
+            "CREATE TABLE"
+        );
+        assert_eq!(
+            command_tag("CREATE OR REPLACE VIEW v AS SELECT 1"),
+            "CREATE VIEW"
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! # sluice-server: the Postgres-wire server
+//!
+//! Layout:
+//! - [`serve`]: the accept loop; one [`session::Connection`] (handlers and state) per client;
+//!   cancel requests go through pgwire's connection manager.
+//! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
+//!   engine queries), the `SETTINGS` tail, admission through the QUERY schedulers.
+//! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
+//!   the registry of statements in flight.
+//! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
+//!   [`error`]: the one mapping of errors to SQLSTATE and message.
+//!
+//! Invariants:
+//! - DDL is applied one statement at a time, persisted before it is published.
+//! - A query's permits and its `system.processes` entry are released when its response has
+//!   been sent, or when it is cancelled or its client goes away (its future is dropped).
+//!
+//! Holds no scheduling logic: that is `sluice-sched`'s.
+
+pub mod encode;
+pub mod error;
+pub mod session;
+pub mod state;
+pub mod system;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::{ConnectionManager, PgWireServerHandlers};
+use pgwire::tokio::process_socket;
+use tokio::net::TcpListener;
+
+pub use state::{ServerOptions, Shared};
+
+use session::Connection;
+
+struct Handlers {
+    connection: Arc<Connection>,
+    cancel: Arc<DefaultCancelHandler>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl pgwire::api::query::SimpleQueryHandler> {
+        self.connection.clone()
+    }
+    fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
+        self.connection.clone()
+    }
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        self.connection.clone()
+    }
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        self.cancel.clone()
+    }
+}
+
+/// Serves clients from `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let manager = Arc::new(ConnectionManager::new());
+    let cancel = Arc::new(DefaultCancelHandler::new(manager.clone()));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                let (socket, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        continue;
+                    }
+                };
+                let handlers = Arc::new(Handlers {
+                    connection: Arc::new(Connection::new(shared.clone(), manager.clone())),
+                    cancel: cancel.clone(),
+                });
+                tokio::spawn(async move {
+                    if let Err(e) = process_socket(socket, None, handlers).await {
+                        tracing::debug!("connection from {peer} ended: {e}");
+                    }
+                });
+            }
+        }
+    }
+}

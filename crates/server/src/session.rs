@@ -1,0 +1,652 @@
+//! One client connection: its settings, statement routing, admission, and the pgwire handlers
+//! (startup, simple and extended query). Routing, in order:
+//! 1. workload DDL (`CREATE|DROP WORKLOAD|RESOURCE`) → the catalog;
+//! 2. session settings (`SET|RESET|SHOW workload`, and other `SET`s clients send at connect);
+//! 3. conveniences: `SHOW WORKLOADS`, `SHOW RESOURCES`, `SHOW CREATE WORKLOAD|RESOURCE name`;
+//! 4. anything else: its `SETTINGS` tail is taken off, it is admitted through every QUERY
+//!    resource's scheduler in its workload, then run by the engine.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{stream, Sink, StreamExt};
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{
+    DescribePortalResponse, DescribeStatementResponse, FieldFormat, FieldInfo, QueryResponse,
+    Response, Tag,
+};
+use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADATA_USER};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use sluice_engine::datafusion::arrow::array::StringArray;
+use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
+use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
+use sluice_engine::{first_keyword, QueryOutput, Session};
+use sluice_sql::{parse_statement, split_settings, Error, ErrorCode, Literal, Result, Statement};
+
+use crate::encode;
+use crate::error::{from_engine, to_pg};
+use crate::state::{access_denied, Shared};
+
+/// Query-level settings sluice honours (the `SETTINGS` tail).
+#[derive(Debug, Default)]
+struct QuerySettings {
+    workload: Option<String>,
+    max_threads: Option<usize>,
+    max_execution_time: Option<Duration>,
+}
+
+const KNOWN_SETTINGS: &[&str] = &[
+    "workload",
+    "max_threads",
+    "reserve_memory",
+    "max_memory_usage",
+    "max_execution_time",
+    "use_concurrency_control",
+];
+
+fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
+    let mut out = QuerySettings::default();
+    for (name, value) in settings {
+        if !KNOWN_SETTINGS.contains(&name.as_str()) {
+            return Err(Error::new(
+                ErrorCode::UnknownSetting,
+                format!(
+                    "Unknown setting '{name}'; sluice honours: {}",
+                    KNOWN_SETTINGS.join(", ")
+                ),
+            ));
+        }
+        let number = || match value {
+            Literal::UInt(v) => Ok(*v as f64),
+            Literal::Float(v) if *v >= 0.0 => Ok(*v),
+            Literal::String(s) => sluice_catalog::parse_with_size_suffix(s).map(|v| v as f64),
+            other => Err(Error::new(
+                ErrorCode::BadArguments,
+                format!("setting '{name}' takes a number, got {other}"),
+            )),
+        };
+        match name.as_str() {
+            "workload" => match value {
+                Literal::String(s) => out.workload = Some(s.clone()),
+                other => {
+                    return Err(Error::new(
+                        ErrorCode::BadArguments,
+                        format!("setting 'workload' takes a string, got {other}"),
+                    ))
+                }
+            },
+            "max_threads" => out.max_threads = Some(number()? as usize),
+            "max_execution_time" => {
+                let s = number()?;
+                out.max_execution_time = (s > 0.0).then(|| Duration::from_secs_f64(s));
+            }
+            // Accepted and validated; they take effect with the memory and CPU resources.
+            _ => {
+                number()?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What a statement is, by its first words (comments skipped).
+#[derive(Debug, PartialEq)]
+enum Route {
+    WorkloadDdl,
+    SetVar { name: String, value: Option<String> },
+    ShowVar(String),
+    ShowEntities(&'static str),
+    ShowCreate,
+    Engine,
+}
+
+fn words(sql: &str, n: usize) -> Vec<String> {
+    let head = first_keyword(sql);
+    let start = sql.to_ascii_uppercase().find(&head).unwrap_or(0);
+    sql[start..]
+        .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
+        .filter(|w| !w.is_empty())
+        .take(n)
+        .map(|w| w.to_string())
+        .collect()
+}
+
+fn route(sql: &str) -> Route {
+    let w = words(sql, 4);
+    let up: Vec<String> = w.iter().map(|s| s.to_ascii_uppercase()).collect();
+    let is_entity = |s: Option<&String>| s.is_some_and(|s| s == "WORKLOAD" || s == "RESOURCE");
+    match up.first().map(String::as_str) {
+        Some("CREATE")
+            if is_entity(up.get(1))
+                || (up.get(1).is_some_and(|s| s == "OR") && is_entity(up.get(3))) =>
+        {
+            Route::WorkloadDdl
+        }
+        Some("DROP") if is_entity(up.get(1)) => Route::WorkloadDdl,
+        Some("SHOW") if up.get(1).is_some_and(|s| s == "WORKLOADS") => {
+            Route::ShowEntities("workloads")
+        }
+        Some("SHOW") if up.get(1).is_some_and(|s| s == "RESOURCES") => {
+            Route::ShowEntities("resources")
+        }
+        Some("SHOW") if up.get(1).is_some_and(|s| s == "CREATE") && is_entity(up.get(2)) => {
+            Route::ShowCreate
+        }
+        Some("SHOW")
+            if up.get(1).is_some_and(|s| {
+                !s.starts_with("DATAFUSION.") && s != "ALL" && s != "TABLES" && s != "COLUMNS"
+            }) =>
+        {
+            Route::ShowVar(w[1].to_ascii_lowercase())
+        }
+        Some("RESET") if w.len() > 1 => Route::SetVar {
+            name: w[1].to_ascii_lowercase(),
+            value: None,
+        },
+        Some("SET") if w.len() > 1 && !up[1].starts_with("DATAFUSION.") => {
+            let rest = sql.trim().trim_end_matches(';');
+            let after_name = rest
+                .split_once(&w[1][..])
+                .map_or("", |(_, tail)| tail)
+                .trim_start();
+            let value = after_name
+                .strip_prefix('=')
+                .or_else(|| {
+                    after_name
+                        .strip_prefix("TO ")
+                        .or_else(|| after_name.strip_prefix("to "))
+                })
+                .unwrap_or(after_name)
+                .trim();
+            let value = value.trim_matches('\'').trim_matches('"').to_string();
+            let name = w[1].to_ascii_lowercase();
+            Route::SetVar {
+                value: (!value.eq_ignore_ascii_case("default")).then_some(value),
+                name,
+            }
+        }
+        _ => Route::Engine,
+    }
+}
+
+/// A connection's handlers and state.
+pub struct Connection {
+    shared: Arc<Shared>,
+    session: Session,
+    /// Session variables: `workload`, and whatever else clients `SET`.
+    vars: Mutex<HashMap<String, String>>,
+    manager: Arc<ConnectionManager>,
+    parser: Arc<NoopQueryParser>,
+}
+
+impl Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").finish_non_exhaustive()
+    }
+}
+
+/// A result on its way to the client: rows (with what must stay held until they are sent) or
+/// a command tag.
+enum Outcome {
+    Rows {
+        schema: Arc<Schema>,
+        batches: Vec<RecordBatch>,
+        hold: Vec<Box<dyn Send + Sync>>,
+    },
+    Command(Tag),
+}
+
+impl Connection {
+    pub fn new(shared: Arc<Shared>, manager: Arc<ConnectionManager>) -> Self {
+        let session = shared.engine.session();
+        Connection {
+            shared,
+            session,
+            vars: Mutex::new(HashMap::new()),
+            manager,
+            parser: Arc::new(NoopQueryParser::new()),
+        }
+    }
+
+    fn var(&self, name: &str) -> Option<String> {
+        self.vars
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    fn set_var(&self, name: &str, value: Option<String>) {
+        let mut vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
+        match value {
+            Some(v) => vars.insert(name.to_string(), v),
+            None => vars.remove(name),
+        };
+    }
+
+    async fn run(&self, user: &str, sql: &str) -> Result<Outcome> {
+        match route(sql) {
+            Route::WorkloadDdl => {
+                let stmt = parse_statement(sql)?;
+                self.shared.apply_ddl(&stmt).await?;
+                let tag = match &stmt {
+                    Statement::CreateWorkload(_) => "CREATE WORKLOAD",
+                    Statement::CreateResource(_) => "CREATE RESOURCE",
+                    Statement::Drop(d) => match d.kind {
+                        sluice_sql::EntityKind::Workload => "DROP WORKLOAD",
+                        sluice_sql::EntityKind::Resource => "DROP RESOURCE",
+                    },
+                };
+                Ok(Outcome::Command(Tag::new(tag)))
+            }
+            Route::SetVar { name, value } => {
+                self.set_var(&name, value);
+                Ok(Outcome::Command(Tag::new(
+                    if sql.trim_start().to_ascii_uppercase().starts_with("RESET") {
+                        "RESET"
+                    } else {
+                        "SET"
+                    },
+                )))
+            }
+            Route::ShowVar(name) => {
+                let value = self.var(&name).unwrap_or_else(|| {
+                    if name == "workload" {
+                        "default".into()
+                    } else {
+                        String::new()
+                    }
+                });
+                Ok(one_column(&name, vec![value]))
+            }
+            Route::ShowEntities(kind) => {
+                let snapshot = self.shared.snapshot();
+                let names: Vec<String> = if kind == "workloads" {
+                    snapshot
+                        .catalog
+                        .workloads()
+                        .map(|w| w.name.clone())
+                        .collect()
+                } else {
+                    snapshot
+                        .catalog
+                        .resources()
+                        .map(|r| r.name.clone())
+                        .collect()
+                };
+                Ok(one_column("name", names))
+            }
+            Route::ShowCreate => {
+                let w = words(sql, 4);
+                let name = w
+                    .get(3)
+                    .map(|n| n.trim_matches('`').trim_matches('"').to_string())
+                    .unwrap_or_default();
+                let snapshot = self.shared.snapshot();
+                let stored = snapshot
+                    .catalog
+                    .get(&name)
+                    .filter(|s| s.entity.kind().keyword().eq_ignore_ascii_case(&w[2]))
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorCode::ResourceNotFound,
+                            format!("Workload entity '{name}' doesn't exist"),
+                        )
+                    })?;
+                Ok(one_column(
+                    "create_query",
+                    vec![stored.entity.create_query()],
+                ))
+            }
+            Route::Engine => self.run_query(user, sql).await,
+        }
+    }
+
+    async fn run_query(&self, user: &str, sql: &str) -> Result<Outcome> {
+        let markup = split_settings(sql)?;
+        let settings = query_settings(&markup.settings)?;
+        let workload = settings
+            .workload
+            .clone()
+            .or_else(|| self.var("workload"))
+            .unwrap_or_else(|| "default".to_string());
+        let guard = self.shared.register(user, &workload, &markup.query);
+        let snapshot = self.shared.snapshot();
+        let mut hold: Vec<Box<dyn Send + Sync>> = Vec::new();
+        for (resource, scheduler) in &snapshot.schedulers {
+            if !scheduler.has_workload(&workload) {
+                if self.shared.options.throw_on_unknown_workload {
+                    return Err(access_denied(resource));
+                }
+                continue;
+            }
+            let mut acquire = scheduler.acquire(&workload, 1)?;
+            if !acquire.is_granted() {
+                guard.waiting_for(Some(resource));
+            }
+            hold.push(Box::new(acquire.await?));
+            guard.waiting_for(None);
+        }
+        if markup.query.to_ascii_lowercase().contains("system.") {
+            crate::system::refresh(&self.shared)?;
+        }
+        let execute = self.session.execute(&markup.query, settings.max_threads);
+        let output = match settings.max_execution_time {
+            Some(limit) => tokio::time::timeout(limit, execute).await.map_err(|_| {
+                Error::new(
+                    ErrorCode::TimeoutExceeded,
+                    format!(
+                        "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}",
+                        limit.as_secs_f64(),
+                        limit.as_secs_f64()
+                    ),
+                )
+            })?,
+            None => execute.await,
+        }
+        .map_err(|e| from_engine(&e))?;
+        hold.push(Box::new(guard));
+        Ok(match output {
+            QueryOutput::Rows { schema, batches } => Outcome::Rows {
+                schema,
+                batches,
+                hold,
+            },
+            QueryOutput::Command { tag, rows } => {
+                let tag = Tag::new(&tag);
+                Outcome::Command(match rows {
+                    Some(n) => tag.with_rows(n),
+                    None => tag,
+                })
+            }
+        })
+    }
+
+    /// The result columns of a statement, without running it.
+    async fn describe(&self, sql: &str) -> Result<Option<Arc<Schema>>> {
+        Ok(match route(sql) {
+            Route::WorkloadDdl | Route::SetVar { .. } => None,
+            Route::ShowVar(name) => Some(text_schema(&name)),
+            Route::ShowEntities(_) => Some(text_schema("name")),
+            Route::ShowCreate => Some(text_schema("create_query")),
+            Route::Engine => {
+                let markup = split_settings(sql)?;
+                if markup.query.to_ascii_lowercase().contains("system.") {
+                    crate::system::refresh(&self.shared)?;
+                }
+                self.session
+                    .describe(&markup.query)
+                    .await
+                    .map_err(|e| from_engine(&e))?
+            }
+        })
+    }
+
+    fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
+        match outcome {
+            Outcome::Command(tag) => Ok(Response::Execution(tag)),
+            Outcome::Rows {
+                schema,
+                batches,
+                hold,
+            } => {
+                let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
+                let rows = encode::rows(&batches, fields.clone())?;
+                // The permits and the process entry live until the last row is sent.
+                let stream = stream::iter(rows).map(move |row| {
+                    let _held = &hold;
+                    Ok(row)
+                });
+                Ok(Response::Query(QueryResponse::new(fields, stream)))
+            }
+        }
+    }
+}
+
+fn text_schema(name: &str) -> Arc<Schema> {
+    Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, true)]))
+}
+
+fn one_column(name: &str, values: Vec<String>) -> Outcome {
+    let schema = text_schema(name);
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(values))]);
+    Outcome::Rows {
+        schema,
+        batches: batch.into_iter().collect(),
+        hold: Vec::new(),
+    }
+}
+
+fn user_of<C: ClientInfo>(client: &C) -> String {
+    client
+        .metadata()
+        .get(METADATA_USER)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl NoopStartupHandler for Connection {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(self.manager.clone())
+    }
+
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        // `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
+        if let Some(options) = client.metadata().get("options").cloned() {
+            let mut parts = options.split_whitespace();
+            while let Some(part) = parts.next() {
+                let assignment = if part == "-c" {
+                    parts.next().unwrap_or("")
+                } else {
+                    part.trim_start_matches("--").trim_start_matches("-c")
+                };
+                if let Some((k, v)) = assignment.split_once('=') {
+                    self.set_var(&k.to_ascii_lowercase(), Some(v.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Connection {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+    {
+        let user = user_of(client);
+        let mut responses = Vec::new();
+        // A simple query may hold several statements; each runs in turn, the first error stops.
+        for statement in split_statements(query) {
+            let outcome = self.run(&user, &statement).await.map_err(|e| to_pg(&e))?;
+            responses.push(self.respond(outcome, &Format::UnifiedText)?);
+        }
+        Ok(responses)
+    }
+}
+
+/// Splits a simple-protocol query at top-level `;` (quotes and comments respected).
+fn split_statements(query: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut chars = query.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        current.push(c);
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None => match c {
+                '\'' | '"' | '`' => quote = Some(c),
+                '-' if chars.peek() == Some(&'-') => {
+                    for c in chars.by_ref() {
+                        current.push(c);
+                        if c == '\n' {
+                            break;
+                        }
+                    }
+                }
+                ';' => {
+                    current.pop();
+                    if !current.trim().is_empty() {
+                        out.push(std::mem::take(&mut current));
+                    }
+                    current.clear();
+                }
+                _ => {}
+            },
+        }
+    }
+    if !current.trim().is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Connection {
+    type Statement = String;
+    type QueryParser = NoopQueryParser;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        self.parser.clone()
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+    {
+        if portal.parameter_len() > 0 {
+            return Err(to_pg(&Error::new(
+                ErrorCode::NotImplemented,
+                "bind parameters are not supported yet; send literal values",
+            )));
+        }
+        let user = user_of(client);
+        let outcome = self
+            .run(&user, &portal.statement.statement)
+            .await
+            .map_err(|e| to_pg(&e))?;
+        self.respond(outcome, &portal.result_column_format)
+    }
+
+    async fn do_describe_statement<C>(
+        &self,
+        _client: &mut C,
+        stmt: &StoredStatement<Self::Statement>,
+    ) -> PgWireResult<DescribeStatementResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+    {
+        let params: Vec<Type> = stmt
+            .parameter_types
+            .iter()
+            .map(|t| t.clone().unwrap_or(Type::UNKNOWN))
+            .collect();
+        let fields = match self
+            .describe(&stmt.statement)
+            .await
+            .map_err(|e| to_pg(&e))?
+        {
+            Some(schema) => encode::fields(&schema, |_| FieldFormat::Text),
+            None => Vec::<FieldInfo>::new(),
+        };
+        Ok(DescribeStatementResponse::new(params, fields))
+    }
+
+    async fn do_describe_portal<C>(
+        &self,
+        _client: &mut C,
+        portal: &Portal<Self::Statement>,
+    ) -> PgWireResult<DescribePortalResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+    {
+        let fields = match self
+            .describe(&portal.statement.statement)
+            .await
+            .map_err(|e| to_pg(&e))?
+        {
+            Some(schema) => encode::fields(&schema, |i| portal.result_column_format.format_for(i)),
+            None => Vec::new(),
+        };
+        Ok(DescribePortalResponse::new(fields))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route("create or replace workload x"), Route::WorkloadDdl);
+        assert_eq!(route("  DROP RESOURCE r;"), Route::WorkloadDdl);
+        assert_eq!(route("CREATE TABLE t (x int)"), Route::Engine);
+        assert_eq!(
+            route("SET workload = 'prod'"),
+            Route::SetVar {
+                name: "workload".into(),
+                value: Some("prod".into())
+            }
+        );
+        assert_eq!(
+            route("set workload to dev"),
+            Route::SetVar {
+                name: "workload".into(),
+                value: Some("dev".into())
+            }
+        );
+        assert_eq!(
+            route("RESET workload"),
+            Route::SetVar {
+                name: "workload".into(),
+                value: None
+            }
+        );
+        assert_eq!(route("SHOW workload"), Route::ShowVar("workload".into()));
+        assert_eq!(route("SHOW WORKLOADS"), Route::ShowEntities("workloads"));
+        assert_eq!(route("show create workload all"), Route::ShowCreate);
+        assert_eq!(
+            route("SET datafusion.execution.batch_size = 10"),
+            Route::Engine
+        );
+        assert_eq!(route("SELECT 1 SETTINGS workload = 'x'"), Route::Engine);
+    }
+
+    #[test]
+    fn statements_split_outside_quotes() {
+        assert_eq!(
+            split_statements("select 1; select ';'; -- x;\n select 2"),
+            ["select 1", " select ';'", " -- x;\n select 2"]
+        );
+    }
+}

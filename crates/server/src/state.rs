@@ -1,0 +1,214 @@
+//! What all connections share: the engine, the catalog snapshot with its compiled trees and
+//! the running schedulers, storage, and the registry of statements in flight.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use sluice_catalog::{config_layer, Catalog, DiskStorage};
+use sluice_engine::Engine;
+use sluice_sched::{compile, recompile, Machine, ResourceScheduler, SchedulerTrees, TokioClock};
+use sluice_sql::{CostUnit, Error, ErrorCode, Result, Statement};
+
+/// How the server was asked to run.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub data_dir: std::path::PathBuf,
+    pub machine: Machine,
+    /// Queries in a workload the catalog does not know fail with RESOURCE_ACCESS_DENIED
+    /// (otherwise they run without limits).
+    pub throw_on_unknown_workload: bool,
+    /// The read-only catalog layer from the config file.
+    pub config_statements: String,
+}
+
+/// One catalog version and everything derived from it. Immutable; a change publishes a new one.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub catalog: Catalog,
+    pub trees: SchedulerTrees,
+    /// A running scheduler per QUERY resource.
+    pub schedulers: BTreeMap<String, ResourceScheduler>,
+}
+
+/// A statement running or waiting, for `system.processes`.
+#[derive(Debug, Clone)]
+pub struct Process {
+    pub query_id: u64,
+    pub user: String,
+    pub workload: String,
+    pub waiting_for: Option<String>,
+    pub started: Instant,
+    pub query: String,
+}
+
+#[derive(Debug)]
+pub struct Shared {
+    pub engine: Engine,
+    pub options: ServerOptions,
+    storage: DiskStorage,
+    current: RwLock<Arc<Snapshot>>,
+    /// DDL is applied one statement at a time.
+    ddl: tokio::sync::Mutex<()>,
+    processes: Mutex<BTreeMap<u64, Process>>,
+    next_query_id: AtomicU64,
+}
+
+impl Shared {
+    /// Loads the catalog (config layer, then the data dir) and compiles it.
+    pub fn open(options: ServerOptions) -> Result<Arc<Shared>> {
+        let base = config_layer(&options.config_statements)?;
+        let storage = DiskStorage::open(&options.data_dir)?;
+        let catalog = storage.load(base)?;
+        let trees = compile(&catalog, options.machine)?;
+        let schedulers = schedulers(&trees, None);
+        Ok(Arc::new(Shared {
+            engine: Engine::new(),
+            options,
+            storage,
+            current: RwLock::new(Arc::new(Snapshot {
+                catalog,
+                trees,
+                schedulers,
+            })),
+            ddl: tokio::sync::Mutex::new(()),
+            processes: Mutex::new(BTreeMap::new()),
+            next_query_id: AtomicU64::new(1),
+        }))
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Validates, persists and publishes one workload DDL statement.
+    pub async fn apply_ddl(&self, stmt: &Statement) -> Result<()> {
+        let _serial = self.ddl.lock().await;
+        let current = self.snapshot();
+        let (catalog, change) = current.catalog.apply(stmt)?;
+        let Some(change) = change else { return Ok(()) };
+        // Durable before visible: a crash after this leaves the new state on disk.
+        self.storage.persist(&change)?;
+        let trees = recompile(
+            &current.trees,
+            &current.catalog,
+            &catalog,
+            &change,
+            self.options.machine,
+        )?;
+        let schedulers = schedulers(&trees, Some(&current));
+        let next = Arc::new(Snapshot {
+            catalog,
+            trees,
+            schedulers,
+        });
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+        Ok(())
+    }
+
+    /// Registers a statement; the guard removes it when the statement ends, however it ends.
+    pub fn register(self: &Arc<Self>, user: &str, workload: &str, query: &str) -> ProcessGuard {
+        let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
+        let process = Process {
+            query_id,
+            user: user.to_string(),
+            workload: workload.to_string(),
+            waiting_for: None,
+            started: Instant::now(),
+            query: query.to_string(),
+        };
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(query_id, process);
+        ProcessGuard {
+            shared: self.clone(),
+            query_id,
+        }
+    }
+
+    pub fn processes(&self) -> Vec<Process> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn set_waiting(&self, query_id: u64, resource: Option<&str>) {
+        if let Some(p) = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&query_id)
+        {
+            p.waiting_for = resource.map(str::to_string);
+        }
+    }
+}
+
+/// A registered statement; dropping it unregisters.
+#[derive(Debug)]
+pub struct ProcessGuard {
+    shared: Arc<Shared>,
+    pub query_id: u64,
+}
+
+impl ProcessGuard {
+    pub fn waiting_for(&self, resource: Option<&str>) {
+        self.shared.set_waiting(self.query_id, resource);
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        self.shared
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.query_id);
+    }
+}
+
+/// A scheduler per QUERY resource. A tree that did not change keeps its scheduler (and with it
+/// the queries waiting and running in it); a changed tree starts a new one, and what the old one
+/// holds finishes there.
+fn schedulers(
+    trees: &SchedulerTrees,
+    previous: Option<&Snapshot>,
+) -> BTreeMap<String, ResourceScheduler> {
+    let mut out = BTreeMap::new();
+    for tree in trees.trees.iter().filter(|t| t.unit == CostUnit::QuerySlot) {
+        let unchanged = previous
+            .and_then(|p| {
+                Some((
+                    p.trees.tree(&tree.resource)?,
+                    p.schedulers.get(&tree.resource)?,
+                ))
+            })
+            .filter(|(old, _)| match (&old.root, &tree.root) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            });
+        let scheduler = match unchanged {
+            Some((_, s)) => s.clone(),
+            None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
+        };
+        out.insert(tree.resource.clone(), scheduler);
+    }
+    out
+}
+
+/// An error for a workload that does not exist when `throw_on_unknown_workload` is on.
+pub fn access_denied(resource: &str) -> Error {
+    Error::new(
+        ErrorCode::ResourceAccessDenied,
+        format!("Could not access resource '{resource}'. Please check `throw_on_unknown_workload` setting"),
+    )
+}

@@ -1,0 +1,263 @@
+//! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`: built from
+//! the current snapshot and registered as tables of the engine, so any SQL works on them.
+//! They are rebuilt when a statement mentions `system.`, so they are always current.
+
+use std::sync::Arc;
+
+use sluice_catalog::resource_disks;
+use sluice_engine::datafusion::arrow::array::{
+    ArrayRef, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder, UInt64Array,
+};
+use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
+use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
+use sluice_sched::NodeState;
+use sluice_sql::{Error, ErrorCode, Result};
+
+use crate::state::Shared;
+
+fn batch(columns: Vec<(&str, ArrayRef)>) -> Result<RecordBatch> {
+    let schema = Schema::new(
+        columns
+            .iter()
+            .map(|(name, a)| Field::new(*name, a.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    );
+    RecordBatch::try_new(
+        Arc::new(schema),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
+}
+
+fn strings<I: IntoIterator<Item = Option<String>>>(values: I) -> ArrayRef {
+    Arc::new(StringArray::from_iter(values))
+}
+
+fn string_lists(values: Vec<Vec<&str>>) -> ArrayRef {
+    let mut builder = ListBuilder::new(StringBuilder::new());
+    for list in values {
+        for v in list {
+            builder.values().append_value(v);
+        }
+        builder.append(true);
+    }
+    Arc::new(builder.finish())
+}
+
+/// Rebuilds every system table from the current state.
+pub fn refresh(shared: &Shared) -> Result<()> {
+    let snapshot = shared.snapshot();
+    let catalog = &snapshot.catalog;
+    let set = |name: &str, b: RecordBatch| {
+        shared
+            .engine
+            .set_table("system", name, b)
+            .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
+    };
+
+    let workloads: Vec<_> = catalog.workloads().collect();
+    set(
+        "workloads",
+        batch(vec![
+            (
+                "name",
+                strings(workloads.iter().map(|w| Some(w.name.clone()))),
+            ),
+            (
+                "parent",
+                strings(
+                    workloads
+                        .iter()
+                        .map(|w| Some(w.parent.clone().unwrap_or_default())),
+                ),
+            ),
+            (
+                "create_query",
+                strings(workloads.iter().map(|w| Some(w.to_string()))),
+            ),
+        ])?,
+    )?;
+
+    let resources: Vec<_> = catalog.resources().collect();
+    set(
+        "resources",
+        batch(vec![
+            (
+                "name",
+                strings(resources.iter().map(|r| Some(r.name.clone()))),
+            ),
+            (
+                "read_disks",
+                string_lists(resources.iter().map(|r| resource_disks(r, true)).collect()),
+            ),
+            (
+                "write_disks",
+                string_lists(resources.iter().map(|r| resource_disks(r, false)).collect()),
+            ),
+            (
+                "unit",
+                strings(resources.iter().map(|r| Some(r.unit().name().to_string()))),
+            ),
+            (
+                "create_query",
+                strings(resources.iter().map(|r| Some(r.to_string()))),
+            ),
+        ])?,
+    )?;
+
+    // One row per node; live counters where a scheduler runs the tree.
+    let rows = snapshot.trees.rows();
+    let live: Vec<Option<NodeState>> = rows
+        .iter()
+        .map(|row| {
+            snapshot
+                .schedulers
+                .get(row.resource)
+                .and_then(|s| s.nodes().into_iter().find(|n| n.path == row.path))
+        })
+        .collect();
+    let u64s = |f: &dyn Fn(&NodeState) -> Option<u64>| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter(
+            live.iter().map(|n| n.as_ref().and_then(f)),
+        ))
+    };
+    let i64s = |f: &dyn Fn(&NodeState) -> Option<i64>| -> ArrayRef {
+        Arc::new(Int64Array::from_iter(
+            live.iter().map(|n| n.as_ref().and_then(f)),
+        ))
+    };
+    let f64s = |f: &dyn Fn(&NodeState) -> Option<f64>| -> ArrayRef {
+        Arc::new(Float64Array::from_iter(
+            live.iter().map(|n| n.as_ref().and_then(f)),
+        ))
+    };
+    set(
+        "scheduler",
+        batch(vec![
+            (
+                "resource",
+                strings(rows.iter().map(|r| Some(r.resource.to_string()))),
+            ),
+            ("path", strings(rows.iter().map(|r| Some(r.path.clone())))),
+            (
+                "type",
+                strings(
+                    rows.iter()
+                        .map(|r| Some(r.node.kind.type_name().to_string())),
+                ),
+            ),
+            (
+                "weight",
+                Arc::new(Float64Array::from_iter_values(
+                    rows.iter().map(|r| r.node.weight),
+                )),
+            ),
+            (
+                "priority",
+                Arc::new(Int64Array::from_iter_values(
+                    rows.iter().map(|r| r.node.priority),
+                )),
+            ),
+            (
+                "precedence",
+                Arc::new(Int64Array::from_iter_values(
+                    rows.iter().map(|r| r.node.precedence),
+                )),
+            ),
+            (
+                "dequeued_requests",
+                u64s(&|n| Some(n.stats.dequeued_requests)),
+            ),
+            (
+                "canceled_requests",
+                u64s(&|n| Some(n.stats.canceled_requests)),
+            ),
+            (
+                "rejected_requests",
+                u64s(&|n| Some(n.stats.rejected_requests)),
+            ),
+            ("dequeued_cost", i64s(&|n| Some(n.stats.dequeued_cost))),
+            ("canceled_cost", i64s(&|n| Some(n.stats.canceled_cost))),
+            ("rejected_cost", i64s(&|n| Some(n.stats.rejected_cost))),
+            ("busy_periods", u64s(&|n| Some(n.stats.busy_periods))),
+            ("vruntime", f64s(&|n| n.vruntime)),
+            ("system_vruntime", f64s(&|n| n.system_vruntime)),
+            ("queue_length", u64s(&|n| n.queue_length)),
+            ("inflight_requests", i64s(&|n| n.inflight_requests)),
+            ("inflight_cost", i64s(&|n| n.inflight_cost)),
+            (
+                "max_requests",
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.max_requests()))),
+            ),
+            (
+                "max_cost",
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.max_cost()))),
+            ),
+            (
+                "max_speed",
+                Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.max_speed()))),
+            ),
+            (
+                "max_burst",
+                Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.max_burst()))),
+            ),
+            (
+                "throttling_us",
+                i64s(&|n| n.tokens.map(|_| n.stats.throttling.as_micros() as i64)),
+            ),
+            ("tokens", f64s(&|n| n.tokens)),
+        ])?,
+    )?;
+
+    let processes = shared.processes();
+    set(
+        "processes",
+        batch(vec![
+            (
+                "query_id",
+                Arc::new(UInt64Array::from_iter_values(
+                    processes.iter().map(|p| p.query_id),
+                )),
+            ),
+            (
+                "user",
+                strings(processes.iter().map(|p| Some(p.user.clone()))),
+            ),
+            (
+                "workload",
+                strings(processes.iter().map(|p| Some(p.workload.clone()))),
+            ),
+            (
+                "state",
+                strings(processes.iter().map(|p| {
+                    Some(
+                        if p.waiting_for.is_some() {
+                            "waiting"
+                        } else {
+                            "running"
+                        }
+                        .to_string(),
+                    )
+                })),
+            ),
+            (
+                "waiting_for",
+                strings(processes.iter().map(|p| p.waiting_for.clone())),
+            ),
+            (
+                "elapsed_ms",
+                Arc::new(UInt64Array::from_iter_values(
+                    processes
+                        .iter()
+                        .map(|p| p.started.elapsed().as_millis() as u64),
+                )),
+            ),
+            (
+                "query",
+                strings(processes.iter().map(|p| Some(p.query.clone()))),
+            ),
+        ])?,
+    )?;
+    let _ = DataType::Utf8;
+    Ok(())
+}

@@ -1,0 +1,403 @@
+//! The server over the wire, with a real Postgres client (tokio-postgres) against a server the
+//! test starts on an ephemeral loopback port. Waiting is observed through `system.processes`,
+//! never by sleeping and hoping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_sched::Machine;
+use sluice_server::{serve, ServerOptions, Shared};
+use tokio::net::TcpListener;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+struct TestServer {
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    async fn start(data_dir: &std::path::Path, throw_on_unknown_workload: bool) -> TestServer {
+        let options = ServerOptions {
+            data_dir: data_dir.to_path_buf(),
+            machine: Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+            throw_on_unknown_workload,
+            config_statements: String::new(),
+        };
+        let shared = Shared::open(options).expect("server state opens");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            serve(listener, shared, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serves");
+        });
+        TestServer {
+            port,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        self.client_with(&format!(
+            "host=127.0.0.1 port={} user=tester dbname=any",
+            self.port
+        ))
+        .await
+    }
+
+    async fn client_with(&self, conn: &str) -> Client {
+        let (client, connection) = tokio_postgres::connect(conn, NoTls)
+            .await
+            .expect("connects");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// The first column of every row of a simple query, as text.
+async fn column(client: &Client, sql: &str) -> Vec<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits (bounded) until `system.processes` shows `n` statements waiting.
+async fn until_waiting(client: &Client, n: usize) {
+    for _ in 0..500 {
+        let waiting = column(
+            client,
+            "SELECT count(*) FROM system.processes WHERE state = 'waiting'",
+        )
+        .await;
+        if waiting == [n.to_string()] {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never saw {n} waiting statements");
+}
+
+fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.code().code().to_string())
+        .unwrap_or_default()
+}
+
+fn message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_else(|| e.to_string())
+}
+
+#[tokio::test]
+async fn queries_run_in_both_protocols_with_postgres_types() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    // Extended protocol (binary results).
+    let row = client
+        .query_one("SELECT 1::int AS i, 2::bigint AS b, 1.5::double AS f, 'x' AS t, true AS ok, DATE '2026-11-29' AS d", &[])
+        .await
+        .expect("query");
+    assert_eq!(row.get::<_, i32>("i"), 1);
+    assert_eq!(row.get::<_, i64>("b"), 2);
+    assert_eq!(row.get::<_, f64>("f"), 1.5);
+    assert_eq!(row.get::<_, String>("t"), "x");
+    assert!(row.get::<_, bool>("ok"));
+    // Simple protocol, several statements in one query, tables shared across connections.
+    client
+        .batch_execute("CREATE TABLE t (x INT); INSERT INTO t VALUES (1), (2), (3)")
+        .await
+        .expect("batch");
+    let other = server.client().await;
+    assert_eq!(column(&other, "SELECT sum(x) FROM t").await, ["6"]);
+    assert_eq!(
+        column(&other, "SELECT count(*) FROM generate_series(1, 10)").await,
+        ["10"]
+    );
+    let e = client.simple_query("SELEC 1").await.expect_err("syntax");
+    assert_eq!(sqlstate(&e), "42601");
+    let e = client
+        .simple_query("SELECT * FROM nowhere")
+        .await
+        .expect_err("unknown table");
+    assert_eq!(sqlstate(&e), "42P01");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ddl_persists_and_system_tables_answer_sql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 4;
+             CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
+             CREATE WORKLOAD dev IN all SETTINGS priority = 1",
+        )
+        .await
+        .expect("ddl");
+    let e = client
+        .simple_query("CREATE WORKLOAD all")
+        .await
+        .expect_err("exists");
+    assert_eq!(sqlstate(&e), "22023");
+    assert!(message(&e).ends_with("(BAD_ARGUMENTS)"), "{}", message(&e));
+    let e = client
+        .simple_query("CREATE WORKLOAD x IN all SETTINGS weight = 0")
+        .await
+        .expect_err("zero");
+    assert!(message(&e).ends_with("(INVALID_SCHEDULER_NODE)"));
+    assert_eq!(
+        column(&client, "SELECT w.name FROM system.workloads w JOIN system.scheduler s ON s.path LIKE '%/' || w.name || '/fifo' ORDER BY w.name").await,
+        ["dev", "prod"]
+    );
+    assert_eq!(
+        column(&client, "SHOW CREATE WORKLOAD prod").await,
+        ["CREATE WORKLOAD prod IN `all` SETTINGS priority = 0, weight = 3"]
+    );
+    server.stop().await;
+
+    // A new server on the same data dir has the same catalog.
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    assert_eq!(
+        column(&client, "SELECT name FROM system.workloads ORDER BY name").await,
+        ["all", "dev", "prod"]
+    );
+    assert_eq!(
+        column(
+            &client,
+            "SELECT max_requests FROM system.scheduler WHERE type = 'inflight_limit'"
+        )
+        .await,
+        ["4"]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn admission_waits_cancels_rejects_and_releases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let admin = server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+             CREATE WORKLOAD w IN all SETTINGS max_waiting_queries = 1",
+        )
+        .await
+        .expect("ddl");
+
+    // One runs, one waits (visible), a third is rejected: SERVER_OVERLOADED, 53000.
+    let running = server.client().await;
+    let slow = tokio::spawn(async move {
+        running
+            .simple_query("SELECT pg_sleep(1) SETTINGS workload = 'w'")
+            .await
+            .map(|_| ())
+    });
+    let waiter = server
+        .client_with(&format!(
+            "host=127.0.0.1 port={} user=tester options='-c workload=w'",
+            server.port
+        ))
+        .await;
+    let cancel = waiter.cancel_token();
+    let waiting = tokio::spawn(async move { waiter.simple_query("SELECT 2").await.map(|_| ()) });
+    until_waiting(&admin, 1).await;
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT workload || ' ' || waiting_for FROM system.processes WHERE state = 'waiting'"
+        )
+        .await,
+        ["w q"]
+    );
+    let third = server.client().await;
+    let e = third
+        .simple_query("SELECT 3 SETTINGS workload = 'w'")
+        .await
+        .expect_err("queue full");
+    assert_eq!(sqlstate(&e), "53000");
+    assert!(
+        message(&e).contains("max_waiting_queries"),
+        "{}",
+        message(&e)
+    );
+
+    // Cancelling the waiting query: 57014, and it leaves the queue.
+    cancel.cancel_query(NoTls).await.expect("cancel request");
+    let e = waiting.await.expect("task").expect_err("cancelled");
+    assert_eq!(sqlstate(&e), "57014");
+    slow.await.expect("task").expect("the slow query finishes");
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
+        )
+        .await,
+        ["0 0"],
+        "nothing is left held or queued"
+    );
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT sum(canceled_requests) FROM system.scheduler"
+        )
+        .await,
+        ["1"]
+    );
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT sum(rejected_requests) FROM system.scheduler"
+        )
+        .await,
+        ["1"]
+    );
+
+    // A client that goes away while waiting releases its place too.
+    let holder = server.client().await;
+    let hold = tokio::spawn(async move {
+        holder
+            .simple_query("SELECT pg_sleep(0.5) SETTINGS workload = 'w'")
+            .await
+            .map(|_| ())
+    });
+    let leaver = server.client().await;
+    let leave = tokio::spawn(async move {
+        leaver
+            .simple_query("SELECT 4 SETTINGS workload = 'w'")
+            .await
+            .map(|_| ())
+    });
+    until_waiting(&admin, 1).await;
+    leave.abort(); // drops the client: the connection closes mid-wait
+    let _ = leave.await;
+    hold.await.expect("task").expect("holder finishes");
+    for _ in 0..500 {
+        if column(
+            &admin,
+            "SELECT count(*) FROM system.processes WHERE query <> ''",
+        )
+        .await
+            == ["1"]
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
+        )
+        .await,
+        ["0 0"]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn waiting_queries_are_served_by_priority() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let admin = server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+             CREATE WORKLOAD fast IN all SETTINGS priority = 0;
+             CREATE WORKLOAD slow IN all SETTINGS priority = 1;
+             CREATE TABLE log (who VARCHAR, at BIGINT)",
+        )
+        .await
+        .expect("ddl");
+    let blocker = server.client().await;
+    let block = tokio::spawn(async move {
+        blocker
+            .simple_query("SELECT pg_sleep(0.5) SETTINGS workload = 'slow'")
+            .await
+            .map(|_| ())
+    });
+    until_waiting(&admin, 0).await;
+    let mut tasks = Vec::new();
+    for (i, workload) in ["slow", "fast", "slow", "fast"].into_iter().enumerate() {
+        let c = server.client().await;
+        let sql = format!("INSERT INTO log VALUES ('{workload}{i}', CAST(extract(epoch FROM now()) * 1000000 AS BIGINT)) SETTINGS workload = '{workload}'");
+        tasks.push(tokio::spawn(async move {
+            c.simple_query(&sql).await.map(|_| ())
+        }));
+        until_waiting(&admin, i + 1).await;
+    }
+    block.await.expect("task").expect("blocker");
+    for t in tasks {
+        t.await.expect("task").expect("insert");
+    }
+    let order = column(&admin, "SELECT who FROM log ORDER BY at, who").await;
+    assert_eq!(
+        order.iter().map(|w| &w[..4]).collect::<Vec<_>>(),
+        ["fast", "fast", "slow", "slow"],
+        "{order:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_workloads_run_unlimited_or_are_denied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), true).await;
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; CREATE WORKLOAD leaf IN all",
+        )
+        .await
+        .expect("ddl");
+    let e = client
+        .simple_query("SELECT 1 SETTINGS workload = 'nobody'")
+        .await
+        .expect_err("denied");
+    assert!(
+        message(&e).ends_with("(RESOURCE_ACCESS_DENIED)"),
+        "{}",
+        message(&e)
+    );
+    assert_eq!(sqlstate(&e), "42501");
+    client
+        .simple_query("SET workload = 'leaf'")
+        .await
+        .expect("set");
+    assert_eq!(column(&client, "SHOW workload").await, ["leaf"]);
+    assert_eq!(column(&client, "SELECT 7").await, ["7"]);
+    server.stop().await;
+    let _ = Arc::new(());
+}
