@@ -1,0 +1,63 @@
+//! The cost admission adds to a query: enqueue in the leaf queue, dispatch through the tree,
+//! grant, and release when the permit drops — on an uncontended tree, so this is pure overhead.
+//! Target (issue 3): under 5 µs per query. Results go in BENCHMARKS.md.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use sluice_catalog::Catalog;
+use sluice_sched::{compile, Machine, ResourceScheduler, TokioClock};
+use sluice_sql::parse_script;
+
+fn scheduler(ddl: &str) -> ResourceScheduler {
+    let mut catalog = Catalog::new();
+    for item in parse_script(ddl) {
+        catalog.apply_mut(&item.result.expect("parses")).expect("applies");
+    }
+    let trees = compile(&catalog, Machine { cores: 16, memory: 1 << 36 }).expect("compiles");
+    ResourceScheduler::new(trees.tree("q").expect("tree q"), Arc::new(TokioClock))
+}
+
+/// One admission: acquire, take the (immediate) grant, release.
+fn admit(s: &ResourceScheduler, workload: &str) {
+    let mut acquire = s.acquire(workload, 1).expect("enqueues");
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(&mut acquire).poll(&mut cx) {
+        Poll::Ready(permit) => drop(permit.expect("granted")),
+        Poll::Pending => panic!("an uncontended tree grants at once"),
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    // The reports DBA's lanes: root cap, two priorities, a cap on the slow lane.
+    let lanes = scheduler(
+        "CREATE RESOURCE q (QUERY);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 100;
+         CREATE WORKLOAD fast IN all SETTINGS priority = 0;
+         CREATE WORKLOAD slow IN all SETTINGS priority = 1, max_concurrent_queries = 10",
+    );
+    c.bench_function("admission/lanes/fast", |b| b.iter(|| admit(&lanes, "fast")));
+    c.bench_function("admission/lanes/slow_capped", |b| b.iter(|| admit(&lanes, "slow")));
+
+    // A wider tree: 4 teams × 4 groups under a root, fair shares, a rate limit at the root.
+    let mut ddl = String::from(
+        "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000, max_queries_per_second = 1e9;",
+    );
+    for t in 0..4 {
+        ddl += &format!("CREATE WORKLOAD t{t} IN all SETTINGS weight = {};", t + 1);
+        for g in 0..4 {
+            ddl += &format!("CREATE WORKLOAD t{t}g{g} IN t{t} SETTINGS max_concurrent_queries = 50;");
+        }
+    }
+    let wide = scheduler(&ddl);
+    c.bench_function("admission/wide_16_leaves_rate_limited", |b| b.iter(|| admit(&wide, "t2g3")));
+
+    // Unknown workload: the lookup alone.
+    c.bench_function("admission/unknown_workload", |b| b.iter(|| admit(&lanes, "nobody")));
+}
+
+criterion_group!(admission_benches, benches);
+criterion_main!(admission_benches);
