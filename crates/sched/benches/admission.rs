@@ -15,9 +15,18 @@ use sluice_sql::parse_script;
 fn scheduler(ddl: &str) -> ResourceScheduler {
     let mut catalog = Catalog::new();
     for item in parse_script(ddl) {
-        catalog.apply_mut(&item.result.expect("parses")).expect("applies");
+        catalog
+            .apply_mut(&item.result.expect("parses"))
+            .expect("applies");
     }
-    let trees = compile(&catalog, Machine { cores: 16, memory: 1 << 36 }).expect("compiles");
+    let trees = compile(
+        &catalog,
+        Machine {
+            cores: 16,
+            memory: 1 << 36,
+        },
+    )
+    .expect("compiles");
     ResourceScheduler::new(trees.tree("q").expect("tree q"), Arc::new(TokioClock))
 }
 
@@ -40,7 +49,9 @@ fn benches(c: &mut Criterion) {
          CREATE WORKLOAD slow IN all SETTINGS priority = 1, max_concurrent_queries = 10",
     );
     c.bench_function("admission/lanes/fast", |b| b.iter(|| admit(&lanes, "fast")));
-    c.bench_function("admission/lanes/slow_capped", |b| b.iter(|| admit(&lanes, "slow")));
+    c.bench_function("admission/lanes/slow_capped", |b| {
+        b.iter(|| admit(&lanes, "slow"))
+    });
 
     // A wider tree: 4 teams × 4 groups under a root, fair shares, a rate limit at the root.
     let mut ddl = String::from(
@@ -49,14 +60,19 @@ fn benches(c: &mut Criterion) {
     for t in 0..4 {
         ddl += &format!("CREATE WORKLOAD t{t} IN all SETTINGS weight = {};", t + 1);
         for g in 0..4 {
-            ddl += &format!("CREATE WORKLOAD t{t}g{g} IN t{t} SETTINGS max_concurrent_queries = 50;");
+            ddl +=
+                &format!("CREATE WORKLOAD t{t}g{g} IN t{t} SETTINGS max_concurrent_queries = 50;");
         }
     }
     let wide = scheduler(&ddl);
-    c.bench_function("admission/wide_16_leaves_rate_limited", |b| b.iter(|| admit(&wide, "t2g3")));
+    c.bench_function("admission/wide_16_leaves_rate_limited", |b| {
+        b.iter(|| admit(&wide, "t2g3"))
+    });
 
     // Unknown workload: the lookup alone.
-    c.bench_function("admission/unknown_workload", |b| b.iter(|| admit(&lanes, "nobody")));
+    c.bench_function("admission/unknown_workload", |b| {
+        b.iter(|| admit(&lanes, "nobody"))
+    });
 }
 
 criterion_group!(admission_benches, benches);
