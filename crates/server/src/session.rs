@@ -101,10 +101,16 @@ fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
 #[derive(Debug, PartialEq)]
 enum Route {
     WorkloadDdl,
-    SetVar { name: String, value: Option<String> },
+    SetVar {
+        name: String,
+        value: Option<String>,
+    },
     ShowVar(String),
     ShowEntities(&'static str),
     ShowCreate,
+    /// `BEGIN`, `COMMIT`, …: sluice runs each statement on its own (as autocommit); drivers
+    /// that wrap statements in transactions get the tags they expect.
+    Transaction(&'static str),
     Engine,
 }
 
@@ -131,6 +137,9 @@ fn route(sql: &str) -> Route {
             Route::WorkloadDdl
         }
         Some("DROP") if is_entity(up.get(1)) => Route::WorkloadDdl,
+        Some("BEGIN") | Some("START") => Route::Transaction("BEGIN"),
+        Some("COMMIT") | Some("END") => Route::Transaction("COMMIT"),
+        Some("ROLLBACK") | Some("ABORT") => Route::Transaction("ROLLBACK"),
         Some("SHOW") if up.get(1).is_some_and(|s| s == "WORKLOADS") => {
             Route::ShowEntities("workloads")
         }
@@ -306,6 +315,7 @@ impl Connection {
                     vec![stored.entity.create_query()],
                 ))
             }
+            Route::Transaction(tag) => Ok(Outcome::Command(Tag::new(tag))),
             Route::Engine => self.run_query(user, sql).await,
         }
     }
@@ -373,7 +383,7 @@ impl Connection {
     /// The result columns of a statement, without running it.
     async fn describe(&self, sql: &str) -> Result<Option<Arc<Schema>>> {
         Ok(match route(sql) {
-            Route::WorkloadDdl | Route::SetVar { .. } => None,
+            Route::WorkloadDdl | Route::SetVar { .. } | Route::Transaction(_) => None,
             Route::ShowVar(name) => Some(text_schema(&name)),
             Route::ShowEntities(_) => Some(text_schema("name")),
             Route::ShowCreate => Some(text_schema("create_query")),
@@ -640,6 +650,9 @@ mod tests {
             Route::Engine
         );
         assert_eq!(route("SELECT 1 SETTINGS workload = 'x'"), Route::Engine);
+        assert_eq!(route("begin"), Route::Transaction("BEGIN"));
+        assert_eq!(route("START TRANSACTION"), Route::Transaction("BEGIN"));
+        assert_eq!(route("COMMIT;"), Route::Transaction("COMMIT"));
     }
 
     #[test]

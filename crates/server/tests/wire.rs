@@ -139,6 +139,17 @@ async fn queries_run_in_both_protocols_with_postgres_types() {
         column(&other, "SELECT count(*) FROM generate_series(1, 10)").await,
         ["10"]
     );
+    // Drivers wrap work in transactions; each statement runs on its own, the tags are right.
+    let mut client = client;
+    let tx = client.transaction().await.expect("begin");
+    assert_eq!(
+        tx.query_one("SELECT 5::int", &[])
+            .await
+            .expect("select")
+            .get::<_, i32>(0),
+        5
+    );
+    tx.commit().await.expect("commit");
     let e = client.simple_query("SELEC 1").await.expect_err("syntax");
     assert_eq!(sqlstate(&e), "42601");
     let e = client
