@@ -101,6 +101,31 @@ async fn until_waiting(client: &Client, n: usize) {
     panic!("never saw {n} waiting statements");
 }
 
+/// A server on a fresh data dir, with `ddl` applied through an admin connection.
+async fn started_with(
+    ddl: &str,
+    throw_on_unknown_workload: bool,
+) -> (tempfile::TempDir, TestServer, Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), throw_on_unknown_workload).await;
+    let admin = server.client().await;
+    admin.batch_execute(ddl).await.expect("ddl");
+    (dir, server, admin)
+}
+
+/// No scheduler node holds a request or has one queued.
+async fn assert_nothing_held(admin: &Client) {
+    assert_eq!(
+        column(
+            admin,
+            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
+        )
+        .await,
+        ["0 0"],
+        "nothing is left held or queued"
+    );
+}
+
 fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map(|d| d.code().code().to_string())
@@ -162,18 +187,14 @@ async fn queries_run_in_both_protocols_with_postgres_types() {
 
 #[tokio::test]
 async fn ddl_persists_and_system_tables_answer_sql() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(dir.path(), false).await;
-    let client = server.client().await;
-    client
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY);
+    let (dir, server, client) = started_with(
+        "CREATE RESOURCE q (QUERY);
              CREATE WORKLOAD all SETTINGS max_concurrent_queries = 4;
              CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
              CREATE WORKLOAD dev IN all SETTINGS priority = 1",
-        )
-        .await
-        .expect("ddl");
+        false,
+    )
+    .await;
     let e = client
         .simple_query("CREATE WORKLOAD all")
         .await
@@ -215,17 +236,13 @@ async fn ddl_persists_and_system_tables_answer_sql() {
 
 #[tokio::test]
 async fn admission_waits_cancels_rejects_and_releases() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(dir.path(), false).await;
-    let admin = server.client().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY);
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE q (QUERY);
              CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
              CREATE WORKLOAD w IN all SETTINGS max_waiting_queries = 1",
-        )
-        .await
-        .expect("ddl");
+        false,
+    )
+    .await;
 
     // One runs, one waits (visible), a third is rejected: SERVER_OVERLOADED, 53000.
     let running = server.client().await;
@@ -269,15 +286,7 @@ async fn admission_waits_cancels_rejects_and_releases() {
     let e = waiting.await.expect("task").expect_err("cancelled");
     assert_eq!(sqlstate(&e), "57014");
     slow.await.expect("task").expect("the slow query finishes");
-    assert_eq!(
-        column(
-            &admin,
-            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
-        )
-        .await,
-        ["0 0"],
-        "nothing is left held or queued"
-    );
+    assert_nothing_held(&admin).await;
     assert_eq!(
         column(
             &admin,
@@ -326,32 +335,21 @@ async fn admission_waits_cancels_rejects_and_releases() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(
-        column(
-            &admin,
-            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
-        )
-        .await,
-        ["0 0"]
-    );
+    assert_nothing_held(&admin).await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn waiting_queries_are_served_by_priority() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(dir.path(), false).await;
-    let admin = server.client().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY);
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE q (QUERY);
              CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
              CREATE WORKLOAD fast IN all SETTINGS priority = 0;
              CREATE WORKLOAD slow IN all SETTINGS priority = 1;
              CREATE TABLE log (who VARCHAR, at BIGINT)",
-        )
-        .await
-        .expect("ddl");
+        false,
+    )
+    .await;
     let blocker = server.client().await;
     let block = tokio::spawn(async move {
         blocker
@@ -384,15 +382,11 @@ async fn waiting_queries_are_served_by_priority() {
 
 #[tokio::test]
 async fn unknown_workloads_run_unlimited_or_are_denied() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(dir.path(), true).await;
-    let client = server.client().await;
-    client
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; CREATE WORKLOAD leaf IN all",
-        )
-        .await
-        .expect("ddl");
+    let (_dir, server, client) = started_with(
+        "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; CREATE WORKLOAD leaf IN all",
+        true,
+    )
+    .await;
     let e = client
         .simple_query("SELECT 1 SETTINGS workload = 'nobody'")
         .await
