@@ -118,7 +118,11 @@ enum RtKind {
 struct RtNode {
     path: String,
     type_name: &'static str,
+    parent: Option<usize>,
     children: Vec<usize>,
+    /// Requests queued anywhere below (kept along the leaf-to-root path on every enqueue,
+    /// dequeue and cancel), so the dispatcher skips idle subtrees without visiting them.
+    pending: usize,
     weight: f64,
     priority: i64,
     /// Start-time fair queueing tag, kept by the node for its fair parent.
@@ -181,7 +185,7 @@ impl ResourceScheduler {
             wake_at: None,
         };
         if let Some(root) = &tree.root {
-            add_node(&mut state, root, "", None, false, now);
+            add_node(&mut state, root, "", None, None, false, now);
         }
         ResourceScheduler {
             shared: Arc::new(Shared {
@@ -237,6 +241,7 @@ impl ResourceScheduler {
         if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
             queue.push_back(id);
         }
+        count_pending(&mut state, leaf, true);
         let (tx, rx) = oneshot::channel();
         state.waiting.insert(
             id,
@@ -306,6 +311,7 @@ fn add_node(
     state: &mut State,
     node: &Node,
     prefix: &str,
+    parent: Option<usize>,
     workload: Option<&str>,
     fair_parent: bool,
     now: Instant,
@@ -346,7 +352,9 @@ fn add_node(
     state.nodes.push(RtNode {
         path: path.clone(),
         type_name: node.kind.type_name(),
+        parent,
         children: Vec::new(),
+        pending: 0,
         weight: node.weight,
         priority: node.priority,
         vruntime: 0.0,
@@ -365,7 +373,7 @@ fn add_node(
         state.leaves.insert(node.basename.clone(), None);
     }
     for child in &node.children {
-        let c = add_node(state, child, &path, own, is_fair, now);
+        let c = add_node(state, child, &path, Some(index), own, is_fair, now);
         state.nodes[index].children.push(c);
     }
     if matches!(state.nodes[index].kind, RtKind::Queue { .. }) {
@@ -403,6 +411,7 @@ impl Shared {
             let Some(waiting) = state.waiting.remove(&id) else {
                 continue;
             };
+            count_pending(state, waiting.leaf, false);
             for &c in &constraints {
                 if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
                     *requests += 1;
@@ -473,8 +482,25 @@ fn refill(kind: &mut RtKind, now: Instant) {
     }
 }
 
+/// Adds or removes one pending request on the path from `leaf` to the root.
+fn count_pending(state: &mut State, leaf: usize, added: bool) {
+    let mut at = Some(leaf);
+    while let Some(n) = at {
+        let node = &mut state.nodes[n];
+        node.pending = if added {
+            node.pending + 1
+        } else {
+            node.pending.saturating_sub(1)
+        };
+        at = node.parent;
+    }
+}
+
 /// Whether node `n` can give a request now.
 fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
+    if state.nodes[n].pending == 0 {
+        return false;
+    }
     refill(&mut state.nodes[n].kind, now);
     let satisfied = match &state.nodes[n].kind {
         RtKind::Queue { queue, .. } => return !queue.is_empty(),
@@ -490,8 +516,10 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
     if !satisfied {
         return false;
     }
-    let children = state.nodes[n].children.clone();
-    children.into_iter().any(|c| is_active(state, c, now))
+    (0..state.nodes[n].children.len()).any(|i| {
+        let c = state.nodes[n].children[i];
+        is_active(state, c, now)
+    })
 }
 
 /// Takes the next request below active node `n`, recording every `inflight_limit` it passes.
@@ -580,6 +608,9 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
 
 /// The earliest moment a throttler that holds back waiting requests has tokens again.
 fn next_refill(state: &mut State, n: usize, now: Instant) -> Option<Instant> {
+    if state.nodes[n].pending == 0 {
+        return None;
+    }
     let children = state.nodes[n].children.clone();
     let own = match state.nodes[n].kind {
         RtKind::Bandwidth {
@@ -598,13 +629,7 @@ fn next_refill(state: &mut State, n: usize, now: Instant) -> Option<Instant> {
 }
 
 fn has_waiting(state: &State, n: usize) -> bool {
-    match &state.nodes[n].kind {
-        RtKind::Queue { queue, .. } => !queue.is_empty(),
-        _ => state.nodes[n]
-            .children
-            .iter()
-            .any(|&c| has_waiting(state, c)),
-    }
+    state.nodes[n].pending > 0
 }
 
 /// The future of a grant. Dropping it before the grant cancels the request; dropping it after
@@ -689,6 +714,7 @@ impl Drop for Acquire {
             }
             node.stats.canceled_requests += 1;
             node.stats.canceled_cost += waiting.cost;
+            count_pending(&mut state, leaf, false);
             return;
         }
         // Granted before anyone polled: give it back.
