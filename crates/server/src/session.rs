@@ -400,6 +400,18 @@ impl Connection {
         })
     }
 
+    /// The row description of a statement, for Describe messages.
+    async fn describe_fields(
+        &self,
+        sql: &str,
+        format: impl Fn(usize) -> FieldFormat,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        Ok(match self.describe(sql).await.map_err(|e| to_pg(&e))? {
+            Some(schema) => encode::fields(&schema, format),
+            None => Vec::new(),
+        })
+    }
+
     fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
         match outcome {
             Outcome::Command(tag) => Ok(Response::Execution(tag)),
@@ -580,14 +592,9 @@ impl ExtendedQueryHandler for Connection {
             .iter()
             .map(|t| t.clone().unwrap_or(Type::UNKNOWN))
             .collect();
-        let fields = match self
-            .describe(&stmt.statement)
-            .await
-            .map_err(|e| to_pg(&e))?
-        {
-            Some(schema) => encode::fields(&schema, |_| FieldFormat::Text),
-            None => Vec::<FieldInfo>::new(),
-        };
+        let fields = self
+            .describe_fields(&stmt.statement, |_| FieldFormat::Text)
+            .await?;
         Ok(DescribeStatementResponse::new(params, fields))
     }
 
@@ -600,14 +607,11 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        let fields = match self
-            .describe(&portal.statement.statement)
-            .await
-            .map_err(|e| to_pg(&e))?
-        {
-            Some(schema) => encode::fields(&schema, |i| portal.result_column_format.format_for(i)),
-            None => Vec::new(),
-        };
+        let fields = self
+            .describe_fields(&portal.statement.statement, |i| {
+                portal.result_column_format.format_for(i)
+            })
+            .await?;
         Ok(DescribePortalResponse::new(fields))
     }
 }

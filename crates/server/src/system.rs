@@ -107,29 +107,34 @@ pub fn refresh(shared: &Shared) -> Result<()> {
 
     // One row per node; live counters where a scheduler runs the tree.
     let rows = snapshot.trees.rows();
-    let live: Vec<Option<NodeState>> = rows
+    // Each scheduler's live state, read once (not once per row).
+    let states: std::collections::HashMap<&str, std::collections::HashMap<String, NodeState>> =
+        snapshot
+            .schedulers
+            .iter()
+            .map(|(resource, s)| {
+                (
+                    resource.as_str(),
+                    s.nodes().into_iter().map(|n| (n.path.clone(), n)).collect(),
+                )
+            })
+            .collect();
+    let live: Vec<Option<&NodeState>> = rows
         .iter()
         .map(|row| {
-            snapshot
-                .schedulers
+            states
                 .get(row.resource)
-                .and_then(|s| s.nodes().into_iter().find(|n| n.path == row.path))
+                .and_then(|nodes| nodes.get(&row.path))
         })
         .collect();
     let u64s = |f: &dyn Fn(&NodeState) -> Option<u64>| -> ArrayRef {
-        Arc::new(UInt64Array::from_iter(
-            live.iter().map(|n| n.as_ref().and_then(f)),
-        ))
+        Arc::new(UInt64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
     let i64s = |f: &dyn Fn(&NodeState) -> Option<i64>| -> ArrayRef {
-        Arc::new(Int64Array::from_iter(
-            live.iter().map(|n| n.as_ref().and_then(f)),
-        ))
+        Arc::new(Int64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
     let f64s = |f: &dyn Fn(&NodeState) -> Option<f64>| -> ArrayRef {
-        Arc::new(Float64Array::from_iter(
-            live.iter().map(|n| n.as_ref().and_then(f)),
-        ))
+        Arc::new(Float64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
     set(
         "scheduler",
