@@ -5,12 +5,14 @@
 //! - `sluice apply --data-dir DIR FILE`: apply a DDL script to a data dir, durably, statement by
 //!   statement; stops at the first error.
 //! - `sluice serve`: the Postgres-wire server on the embedded engine.
+//! - `sluice local FILE`: run any script in process with throw-away state (like
+//!   `clickhouse-local`), printing each statement and what it gave.
 
 mod config;
 mod dump;
 mod machine;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -56,6 +58,18 @@ enum Command {
         dump: bool,
         #[command(flatten)]
         common: Common,
+    },
+    /// Run a script (DDL and queries) in process with a throw-away state, printing each
+    /// statement and its result: OK, ERROR <CODE>: message, or the rows as TSV with a header.
+    Local {
+        /// The script; `-` reads standard input.
+        file: PathBuf,
+        /// CPU cores that `*_ratio_to_cores` and `max_cpu_share` resolve against.
+        #[arg(long)]
+        cores: Option<u32>,
+        /// Memory in bytes that `max_memory_ratio` resolves against.
+        #[arg(long)]
+        memory: Option<u64>,
     },
     /// Apply a DDL script to a data dir, persisting each statement; stops at the first error.
     Apply {
@@ -249,9 +263,68 @@ fn serve(
     })
 }
 
+fn local(file: &Path, cores: Option<u32>, memory: Option<u64>) -> anyhow::Result<ExitCode> {
+    let script = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read standard input")?;
+        s
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?
+    };
+    let state = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let detected = machine::detect();
+    let options = sluice_server::ServerOptions {
+        data_dir: state.path().to_path_buf(),
+        machine: Machine {
+            cores: cores.unwrap_or(detected.cores),
+            memory: memory.unwrap_or(detected.memory),
+        },
+        throw_on_unknown_workload: false,
+        config_statements: String::new(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let shared = sluice_server::Shared::open(options).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let connection = sluice_server::local_connection(shared);
+        let mut all_ok = true;
+        let mut out = std::io::stdout().lock();
+        for statement in sluice_server::script_statements(&script) {
+            writeln!(out, ">> {}", sluice_sql::collapse_whitespace(&statement))?;
+            match connection.run_local(&statement).await {
+                Ok(sluice_server::LocalOutput::Ok) => writeln!(out, "OK")?,
+                Ok(sluice_server::LocalOutput::Rows { header, rows }) => {
+                    writeln!(out, "{}", header.join("\t"))?;
+                    for row in rows {
+                        writeln!(out, "{}", row.join("\t"))?;
+                    }
+                }
+                Err(e) => {
+                    all_ok = false;
+                    writeln!(out, "ERROR {}: {e}", e.code.name())?;
+                }
+            }
+        }
+        Ok(if all_ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { .. } => unreachable!("handled in main"),
+        Command::Local {
+            file,
+            cores,
+            memory,
+        } => local(&file, cores, memory),
         Command::Check { dump, common } => {
             let setup = common.setup(None, false)?;
             let mut catalog = setup.catalog;

@@ -181,3 +181,51 @@ fn check_exit_codes() {
         Some(2)
     );
 }
+
+#[test]
+fn sluice_local_runs_scripts_in_process_and_examples_run_clean() {
+    let out = sluice(
+        &["local", "-"],
+        Some(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2;
+             CREATE WORKLOAD fast IN all;
+             SELECT name, parent FROM system.workloads ORDER BY name;
+             SELECT 1 AS one, NULL AS n SETTINGS workload = 'fast';
+             SELECT 1 SETTINGS workload = 'all';",
+        ),
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "one statement fails: {text}");
+    assert!(
+        text.contains(">> CREATE WORKLOAD fast IN all\nOK\n"),
+        "{text}"
+    );
+    assert!(text.contains("name\tparent\nall\t\nfast\tall\n"), "{text}");
+    assert!(text.contains("one\tn\n1\t\\N\n"), "{text}");
+    assert!(
+        text.contains(
+            "ERROR INVALID_SCHEDULER_NODE: Unable to link to workload 'all' that has children"
+        ),
+        "{text}"
+    );
+
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut ran = 0;
+    for entry in std::fs::read_dir(&examples).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "sql") {
+            continue;
+        }
+        let out = sluice(&["local", path.to_str().expect("utf-8 path")], None);
+        assert!(out.status.success(), "{}: {}", path.display(), stdout(&out));
+        assert!(
+            !stdout(&out).contains("\nERROR "),
+            "{}: {}",
+            path.display(),
+            stdout(&out)
+        );
+        ran += 1;
+    }
+    assert!(ran >= 3, "only {ran} examples");
+}

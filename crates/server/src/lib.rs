@@ -31,9 +31,13 @@ use pgwire::api::{ConnectionManager, PgWireServerHandlers};
 use pgwire::tokio::process_socket;
 use tokio::net::TcpListener;
 
+pub use session::{script_statements, Connection, LocalOutput};
 pub use state::{ServerOptions, Shared};
 
-use session::Connection;
+/// A connection that is not on the wire, for running scripts in process (`sluice local`).
+pub fn local_connection(shared: Arc<Shared>) -> Connection {
+    Connection::new(shared, Arc::new(ConnectionManager::new()))
+}
 
 struct Handlers {
     connection: Arc<Connection>,

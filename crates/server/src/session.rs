@@ -447,6 +447,65 @@ fn one_column(name: &str, values: Vec<String>) -> Outcome {
     }
 }
 
+/// What one statement of a local script gave.
+#[derive(Debug)]
+pub enum LocalOutput {
+    /// A command that succeeded.
+    Ok,
+    /// Rows: a header and each row's values as text (NULL as `\N`).
+    Rows {
+        header: Vec<String>,
+        rows: Vec<Vec<String>>,
+    },
+}
+
+impl Connection {
+    /// Runs one statement outside the wire protocol (`sluice local`), with the same routing,
+    /// admission and engine as a client connection.
+    pub async fn run_local(&self, sql: &str) -> Result<LocalOutput> {
+        use sluice_engine::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+        match self.run("local", sql).await? {
+            Outcome::Command(_) => Ok(LocalOutput::Ok),
+            Outcome::Rows {
+                schema,
+                batches,
+                hold,
+            } => {
+                let options = FormatOptions::default().with_null("\\N");
+                let header = schema.fields().iter().map(|f| f.name().clone()).collect();
+                let mut rows = Vec::new();
+                for batch in &batches {
+                    let formatters: Vec<ArrayFormatter<'_>> = batch
+                        .columns()
+                        .iter()
+                        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))?;
+                    for row in 0..batch.num_rows() {
+                        rows.push(
+                            formatters
+                                .iter()
+                                .map(|f| f.value(row).to_string())
+                                .collect(),
+                        );
+                    }
+                }
+                drop(hold);
+                Ok(LocalOutput::Rows { header, rows })
+            }
+        }
+    }
+}
+
+/// Splits a script into statements at top-level `;` (quotes and `--` comments respected).
+pub fn script_statements(script: &str) -> Vec<String> {
+    split_statements(script)
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 fn user_of<C: ClientInfo>(client: &C) -> String {
     client
         .metadata()
