@@ -210,9 +210,13 @@ fn sluice_local_runs_scripts_in_process_and_examples_run_clean() {
         "{text}"
     );
 
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    // The scenario scripts and the grammar's examples (ClickHouse's documented hierarchies).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut ran = 0;
-    for entry in std::fs::read_dir(&examples).expect("examples/") {
+    let entries = ["examples", "grammar/examples"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(root.join(dir)).expect("example directory"));
+    for entry in entries {
         let path = entry.expect("entry").path();
         if path.extension().is_none_or(|e| e != "sql") {
             continue;
