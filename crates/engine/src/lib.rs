@@ -127,6 +127,7 @@ impl Session {
         &self,
         sql: &str,
         target_partitions: Option<usize>,
+        params: Vec<ScalarValue>,
     ) -> Result<QueryOutput, DataFusionError> {
         let ctx = match target_partitions {
             Some(n) if n > 0 => {
@@ -136,7 +137,10 @@ impl Session {
             }
             _ => self.ctx.clone(),
         };
-        let df = ctx.sql(sql).await?;
+        let mut df = ctx.sql(sql).await?;
+        if !params.is_empty() {
+            df = df.with_param_values(params)?;
+        }
         let kind = first_keyword(sql);
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
@@ -178,6 +182,29 @@ impl Session {
         let plan = self.ctx.state().create_logical_plan(sql).await?;
         let schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
         Ok((!schema.fields().is_empty()).then_some(schema))
+    }
+
+    /// The types of a statement's placeholders `$1`, `$2`, … in order, as far as the planner
+    /// can infer them (`None`: not inferable, e.g. a bare `SELECT $1`).
+    pub async fn parameter_types(
+        &self,
+        sql: &str,
+    ) -> Result<Vec<Option<DataType>>, DataFusionError> {
+        let plan = self.ctx.state().create_logical_plan(sql).await?;
+        let mut by_index: Vec<(usize, Option<DataType>)> = plan
+            .get_parameter_types()?
+            .into_iter()
+            .filter_map(|(name, ty)| Some((name.strip_prefix('$')?.parse::<usize>().ok()?, ty)))
+            .collect();
+        by_index.sort_by_key(|(i, _)| *i);
+        let len = by_index.last().map_or(0, |(i, _)| *i);
+        let mut out = vec![None; len];
+        for (i, ty) in by_index {
+            if i > 0 {
+                out[i - 1] = ty;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -309,11 +336,11 @@ mod tests {
         let engine = Engine::new();
         let a = engine.session();
         let b = engine.session();
-        a.execute("CREATE TABLE t (x INT)", None)
+        a.execute("CREATE TABLE t (x INT)", None, vec![])
             .await
             .expect("create");
         let out = a
-            .execute("INSERT INTO t VALUES (1), (2)", None)
+            .execute("INSERT INTO t VALUES (1), (2)", None, vec![])
             .await
             .expect("insert");
         assert!(
@@ -321,19 +348,19 @@ mod tests {
             "{out:?}"
         );
         let QueryOutput::Rows { batches, .. } = b
-            .execute("SELECT sum(x) FROM t", None)
+            .execute("SELECT sum(x) FROM t", None, vec![])
             .await
             .expect("select")
         else {
             panic!("rows expected");
         };
         assert_eq!(batches[0].num_rows(), 1);
-        a.execute("SET datafusion.execution.batch_size = 7", None)
+        a.execute("SET datafusion.execution.batch_size = 7", None, vec![])
             .await
             .expect("set");
         async fn show(s: &Session) -> String {
             match s
-                .execute("SHOW datafusion.execution.batch_size", None)
+                .execute("SHOW datafusion.execution.batch_size", None, vec![])
                 .await
                 .expect("show")
             {
@@ -349,7 +376,10 @@ mod tests {
     async fn pg_sleep_sleeps_in_virtual_time() {
         let s = Engine::new().session();
         let start = tokio::time::Instant::now();
-        let out = s.execute("SELECT pg_sleep(2)", None).await.expect("runs");
+        let out = s
+            .execute("SELECT pg_sleep(2)", None, vec![])
+            .await
+            .expect("runs");
         assert!(matches!(out, QueryOutput::Rows { .. }));
         assert!(start.elapsed() >= Duration::from_secs(2));
     }

@@ -19,6 +19,7 @@
 
 pub mod encode;
 pub mod error;
+pub mod params;
 pub mod session;
 pub mod state;
 pub mod system;

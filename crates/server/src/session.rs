@@ -28,11 +28,13 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
+use sluice_engine::datafusion::common::ScalarValue;
 use sluice_engine::{first_keyword, QueryOutput, Session};
 use sluice_sql::{parse_statement, split_settings, Error, ErrorCode, Literal, Result, Statement};
 
 use crate::encode;
 use crate::error::{from_engine, to_pg};
+use crate::params;
 use crate::state::{access_denied, Shared};
 
 /// Query-level settings sluice honours (the `SETTINGS` tail).
@@ -241,8 +243,15 @@ impl Connection {
         };
     }
 
-    async fn run(&self, user: &str, sql: &str) -> Result<Outcome> {
-        match route(sql) {
+    async fn run(&self, user: &str, sql: &str, params: Vec<ScalarValue>) -> Result<Outcome> {
+        let route = route(sql);
+        if !params.is_empty() && route != Route::Engine {
+            return Err(Error::new(
+                ErrorCode::BadArguments,
+                "only queries take bind parameters; send this statement without them",
+            ));
+        }
+        match route {
             Route::WorkloadDdl => {
                 let stmt = parse_statement(sql)?;
                 self.shared.apply_ddl(&stmt).await?;
@@ -316,11 +325,11 @@ impl Connection {
                 ))
             }
             Route::Transaction(tag) => Ok(Outcome::Command(Tag::new(tag))),
-            Route::Engine => self.run_query(user, sql).await,
+            Route::Engine => self.run_query(user, sql, params).await,
         }
     }
 
-    async fn run_query(&self, user: &str, sql: &str) -> Result<Outcome> {
+    async fn run_query(&self, user: &str, sql: &str, params: Vec<ScalarValue>) -> Result<Outcome> {
         let markup = split_settings(sql)?;
         let settings = query_settings(&markup.settings)?;
         let workload = settings
@@ -348,7 +357,9 @@ impl Connection {
         if markup.query.to_ascii_lowercase().contains("system.") {
             crate::system::refresh(&self.shared)?;
         }
-        let execute = self.session.execute(&markup.query, settings.max_threads);
+        let execute = self
+            .session
+            .execute(&markup.query, settings.max_threads, params);
         let output = match settings.max_execution_time {
             Some(limit) => tokio::time::timeout(limit, execute).await.map_err(|_| {
                 Error::new(
@@ -398,6 +409,27 @@ impl Connection {
                     .map_err(|e| from_engine(&e))?
             }
         })
+    }
+
+    /// The Postgres type of each placeholder of a statement: as declared by the client, else
+    /// as the planner infers it, else `text`.
+    async fn parameter_types(&self, sql: &str, declared: &[Option<Type>]) -> Result<Vec<Type>> {
+        let inferred = if route(sql) == Route::Engine {
+            let markup = split_settings(sql)?;
+            if markup.query.contains('$') {
+                self.session
+                    .parameter_types(&markup.query)
+                    .await
+                    .map_err(|e| from_engine(&e))?
+            } else {
+                Vec::new()
+            }
+        } else {
+            // Not for the engine: announce the placeholders anyway, so the client binds and
+            // hears from `run` that this statement takes none.
+            vec![None; params::highest_placeholder(sql)]
+        };
+        Ok(params::resolve_types(declared, &inferred))
     }
 
     /// The row description of a statement, for Describe messages.
@@ -464,7 +496,7 @@ impl Connection {
     /// admission and engine as a client connection.
     pub async fn run_local(&self, sql: &str) -> Result<LocalOutput> {
         use sluice_engine::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-        match self.run("local", sql).await? {
+        match self.run("local", sql, Vec::new()).await? {
             Outcome::Command(_) => Ok(LocalOutput::Ok),
             Outcome::Rows {
                 schema,
@@ -559,7 +591,10 @@ impl SimpleQueryHandler for Connection {
         let mut responses = Vec::new();
         // A simple query may hold several statements; each runs in turn, the first error stops.
         for statement in split_statements(query) {
-            let outcome = self.run(&user, &statement).await.map_err(|e| to_pg(&e))?;
+            let outcome = self
+                .run(&user, &statement, Vec::new())
+                .await
+                .map_err(|e| to_pg(&e))?;
             responses.push(self.respond(outcome, &Format::UnifiedText)?);
         }
         Ok(responses)
@@ -623,17 +658,18 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        if portal.parameter_len() > 0 {
-            return Err(to_pg(&Error::new(
-                ErrorCode::NotImplemented,
-                "bind parameters are not supported yet; send literal values",
-            )));
-        }
+        let sql = &portal.statement.statement;
+        let values = if portal.parameter_len() > 0 {
+            let types = self
+                .parameter_types(sql, &portal.statement.parameter_types)
+                .await
+                .map_err(|e| to_pg(&e))?;
+            params::values(portal, &types)?
+        } else {
+            Vec::new()
+        };
         let user = user_of(client);
-        let outcome = self
-            .run(&user, &portal.statement.statement)
-            .await
-            .map_err(|e| to_pg(&e))?;
+        let outcome = self.run(&user, sql, values).await.map_err(|e| to_pg(&e))?;
         self.respond(outcome, &portal.result_column_format)
     }
 
@@ -646,11 +682,10 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        let params: Vec<Type> = stmt
-            .parameter_types
-            .iter()
-            .map(|t| t.clone().unwrap_or(Type::UNKNOWN))
-            .collect();
+        let params = self
+            .parameter_types(&stmt.statement, &stmt.parameter_types)
+            .await
+            .map_err(|e| to_pg(&e))?;
         let fields = self
             .describe_fields(&stmt.statement, |_| FieldFormat::Text)
             .await?;

@@ -186,6 +186,59 @@ async fn queries_run_in_both_protocols_with_postgres_types() {
 }
 
 #[tokio::test]
+async fn bind_parameters_are_typed_and_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE p (id BIGINT, name TEXT, score DOUBLE); \
+             INSERT INTO p VALUES (1, 'ann', 1.5), (2, 'bob', 2.5), (3, 'cy', 3.5)",
+        )
+        .await
+        .expect("table");
+    // Types inferred from the columns the placeholders meet.
+    let rows = client
+        .query(
+            "SELECT name FROM p WHERE id >= $1 AND score < $2 ORDER BY id",
+            &[&2i64, &3.0f64],
+        )
+        .await
+        .expect("bound query");
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(names, ["bob"]);
+    // A prepared statement reused with other values; NULL binds as NULL.
+    let stmt = client
+        .prepare("SELECT count(*) FROM p WHERE name = $1")
+        .await
+        .expect("prepare");
+    assert_eq!(stmt.params(), [tokio_postgres::types::Type::TEXT]);
+    for (name, n) in [("ann", 1i64), ("zed", 0)] {
+        let row = client.query_one(&stmt, &[&name]).await.expect("run");
+        assert_eq!(row.get::<_, i64>(0), n);
+    }
+    let none: Option<&str> = None;
+    let row = client.query_one(&stmt, &[&none]).await.expect("null");
+    assert_eq!(row.get::<_, i64>(0), 0);
+    // With the SETTINGS tail too.
+    let row = client
+        .query_one(
+            "SELECT max(score) FROM p WHERE id < $1 SETTINGS max_threads = 1",
+            &[&3i64],
+        )
+        .await
+        .expect("settings and parameters");
+    assert_eq!(row.get::<_, f64>(0), 2.5);
+    // A statement that takes no parameters says so.
+    let e = client
+        .execute("SET workload = $1", &[&"x"])
+        .await
+        .expect_err("SET with a parameter");
+    assert!(message(&e).contains("bind parameters"), "{}", message(&e));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn ddl_persists_and_system_tables_answer_sql() {
     let (dir, server, client) = started_with(
         "CREATE RESOURCE q (QUERY);
