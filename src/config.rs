@@ -1,6 +1,7 @@
-//! `sluice.toml`: the parts the offline commands read. Unknown keys are errors, so a typo
+//! `sluice.toml`. Unknown keys are errors, so a typo
 //! stops the start with a message naming the key. See docs/config.md.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -13,6 +14,48 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub catalog: CatalogConfig,
+    /// `[disks.NAME] path = "…"`: the disks `READ DISK`/`WRITE DISK` resources name.
+    #[serde(default)]
+    pub disks: BTreeMap<String, DiskConfig>,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where Prometheus scrapes `/metrics`; unset: no metrics endpoint.
+    pub listen: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// A SCRAM-SHA-256 verifier from `sluice passwd` (never a plain password).
+    pub scram: String,
+    #[serde(default)]
+    pub admin: bool,
+    pub default_workload: Option<String>,
+    pub pinned_workload: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -29,6 +72,16 @@ pub struct ServerConfig {
     pub cores: Option<u32>,
     /// Memory in bytes the ratio settings resolve against; default: what the machine has.
     pub memory: Option<u64>,
+    /// How long running queries may finish after SIGTERM/SIGINT; default 30000.
+    pub shutdown_grace_ms: Option<u64>,
+    /// CPU slots: whether a running query yields its slot after a quantum (ClickHouse's
+    /// `cpu_slot_preemption`); default false. Takes effect with the CPU resource.
+    pub cpu_slot_preemption: Option<bool>,
+    /// CPU slots: the quantum of CPU time between preemption checks; default 10000000 (10 ms).
+    pub cpu_slot_quantum_ns: Option<u64>,
+    /// CPU slots: how long a preempted thread waits to get its slot back before it gives up
+    /// its place; default 1000.
+    pub cpu_slot_preemption_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

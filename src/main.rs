@@ -50,7 +50,14 @@ enum Command {
         /// Memory in bytes that `max_memory_ratio` resolves against.
         #[arg(long)]
         memory: Option<u64>,
+        /// A disk for `READ DISK`/`WRITE DISK` resources, as NAME=PATH (repeatable; adds to
+        /// the config's `[disks]`).
+        #[arg(long = "disk", value_name = "NAME=PATH")]
+        disks: Vec<String>,
     },
+    /// Make a SCRAM-SHA-256 verifier for a `[[users]]` entry from a password read on standard
+    /// input (one line). The password itself is never stored.
+    Passwd,
     /// Validate a DDL script offline and print each statement's outcome.
     Check {
         /// Also print system.workloads, system.resources and system.scheduler afterwards.
@@ -165,9 +172,10 @@ fn main() -> ExitCode {
         data_dir,
         cores,
         memory,
+        disks,
     } = cli.command
     {
-        return match serve(config, listen, data_dir, cores, memory) {
+        return match serve(config, listen, data_dir, cores, memory, disks) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice: {e:#}");
@@ -190,6 +198,7 @@ fn serve(
     data_dir: Option<PathBuf>,
     cores: Option<u32>,
     memory: Option<u64>,
+    disk_flags: Vec<String>,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -209,23 +218,69 @@ fn serve(
     let addr: std::net::SocketAddr = listen.parse().with_context(|| {
         format!("server.listen: '{listen}' is not an address like 127.0.0.1:6543")
     })?;
-    if !addr.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on {addr}: without [[users]] in the config, sluice trusts every client, \
-             so it only listens on a loopback address (user authentication comes with a later release)"
-        );
+    let mut disks: std::collections::BTreeMap<String, PathBuf> = config
+        .disks
+        .iter()
+        .map(|(name, d)| (name.clone(), d.path.clone()))
+        .collect();
+    for flag in &disk_flags {
+        let (name, path) = flag
+            .split_once('=')
+            .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+            .with_context(|| format!("--disk '{flag}': expected NAME=PATH"))?;
+        disks.insert(name.to_string(), PathBuf::from(path));
+    }
+    for (name, path) in &disks {
+        if !path.is_dir() {
+            anyhow::bail!(
+                "disks.{name}.path: '{}' is not a directory (create it, or fix the path)",
+                path.display()
+            );
+        }
     }
     let detected = machine::detect();
+    let users = config
+        .users
+        .iter()
+        .map(|u| sluice_server::auth::User {
+            name: u.name.clone(),
+            scram: u.scram.clone(),
+            admin: u.admin,
+            default_workload: u.default_workload.clone(),
+            pinned_workload: u.pinned_workload.clone(),
+        })
+        .collect();
+    let metrics_addr: Option<std::net::SocketAddr> = match &config.metrics.listen {
+        Some(m) => Some(m.parse().with_context(|| {
+            format!("metrics.listen: '{m}' is not an address like 127.0.0.1:9187")
+        })?),
+        None => None,
+    };
+    let grace = std::time::Duration::from_millis(config.server.shutdown_grace_ms.unwrap_or(30_000));
+    if config.server.cpu_slot_quantum_ns == Some(0) {
+        anyhow::bail!("server.cpu_slot_quantum_ns: must be greater than 0");
+    }
     let options = sluice_server::ServerOptions {
-        data_dir: data_dir
-            .or(config.server.data_dir.clone())
-            .unwrap_or_else(|| PathBuf::from("sluice-data")),
-        machine: Machine {
-            cores: cores.or(config.server.cores).unwrap_or(detected.cores),
-            memory: memory.or(config.server.memory).unwrap_or(detected.memory),
-        },
         throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
         config_statements: config.catalog.statements.clone(),
+        users,
+        tls: config.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone())),
+        shutdown_grace: grace,
+        disks,
+        cpu_slots: sluice_server::CpuSlotOptions {
+            preemption: config.server.cpu_slot_preemption.unwrap_or(false),
+            quantum_ns: config.server.cpu_slot_quantum_ns.unwrap_or(10_000_000),
+            preemption_timeout_ms: config.server.cpu_slot_preemption_timeout_ms.unwrap_or(1000),
+        },
+        ..sluice_server::ServerOptions::new(
+            data_dir
+                .or(config.server.data_dir.clone())
+                .unwrap_or_else(|| PathBuf::from("sluice-data")),
+            Machine {
+                cores: cores.or(config.server.cores).unwrap_or(detected.cores),
+                memory: memory.or(config.server.memory).unwrap_or(detected.memory),
+            },
+        )
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -234,6 +289,8 @@ fn serve(
     runtime.block_on(async move {
         let shared =
             sluice_server::Shared::open(options.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        sluice_server::auth::check_listen(&addr, &shared.users)
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -243,6 +300,18 @@ fn serve(
             options.machine.cores,
             options.machine.memory
         );
+        if let Some(metrics_addr) = metrics_addr {
+            let metrics = tokio::net::TcpListener::bind(metrics_addr)
+                .await
+                .with_context(|| format!("metrics.listen: cannot listen on {metrics_addr}"))?;
+            tracing::info!("metrics at http://{metrics_addr}/metrics");
+            // Ends with the runtime, after the server has drained.
+            tokio::spawn(sluice_server::metrics::serve_metrics(
+                metrics,
+                shared.clone(),
+                std::future::pending(),
+            ));
+        }
         let shutdown = async {
             #[cfg(unix)]
             {
@@ -275,15 +344,13 @@ fn local(file: &Path, cores: Option<u32>, memory: Option<u64>) -> anyhow::Result
     };
     let state = tempfile::tempdir().context("cannot create a temporary data dir")?;
     let detected = machine::detect();
-    let options = sluice_server::ServerOptions {
-        data_dir: state.path().to_path_buf(),
-        machine: Machine {
+    let options = sluice_server::ServerOptions::new(
+        state.path(),
+        Machine {
             cores: cores.unwrap_or(detected.cores),
             memory: memory.unwrap_or(detected.memory),
         },
-        throw_on_unknown_workload: false,
-        config_statements: String::new(),
-    };
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -320,6 +387,22 @@ fn local(file: &Path, cores: Option<u32>, memory: Option<u64>) -> anyhow::Result
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { .. } => unreachable!("handled in main"),
+        Command::Passwd => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("cannot read the password from standard input")?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            if password.is_empty() {
+                anyhow::bail!(
+                    "empty password: type it on standard input, e.g. `sluice passwd <<< 'secret'`"
+                );
+            }
+            let verifier =
+                sluice_server::auth::make_verifier(password).map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{verifier}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Local {
             file,
             cores,

@@ -11,14 +11,18 @@
 //!   [`error`]: the one mapping of errors to SQLSTATE and message.
 //!
 //! Invariants:
+//! - Shutdown drains: once it begins no statement starts, waiting ones fail with 57P01, and
+//!   running ones get `shutdown_grace` before they are stopped.
 //! - DDL is applied one statement at a time, persisted before it is published.
 //! - A query's permits and its `system.processes` entry are released when its response has
 //!   been sent, or when it is cancelled or its client goes away (its future is dropped).
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
+pub mod auth;
 pub mod encode;
 pub mod error;
+pub mod metrics;
 pub mod params;
 pub mod session;
 pub mod state;
@@ -32,8 +36,10 @@ use pgwire::api::{ConnectionManager, PgWireServerHandlers};
 use pgwire::tokio::process_socket;
 use tokio::net::TcpListener;
 
+use auth::Startup;
+
 pub use session::{script_statements, Connection, LocalOutput};
-pub use state::{ServerOptions, Shared};
+pub use state::{CpuSlotOptions, Phase, ServerOptions, Shared};
 
 /// A connection that is not on the wire, for running scripts in process (`sluice local`).
 pub fn local_connection(shared: Arc<Shared>) -> Connection {
@@ -42,6 +48,7 @@ pub fn local_connection(shared: Arc<Shared>) -> Connection {
 
 struct Handlers {
     connection: Arc<Connection>,
+    startup: Arc<Startup>,
     cancel: Arc<DefaultCancelHandler>,
 }
 
@@ -53,14 +60,29 @@ impl PgWireServerHandlers for Handlers {
         self.connection.clone()
     }
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        self.connection.clone()
+        self.startup.clone()
     }
     fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
         self.cancel.clone()
     }
 }
 
-/// Serves clients from `listener` until `shutdown` completes.
+/// Shuts down in order: no new statements (waiting ones fail with 57P01), running ones get
+/// the grace period, then what still runs is stopped (57P01) and given a moment to answer.
+async fn drain(shared: &Shared) {
+    shared.set_phase(Phase::Draining);
+    let grace = shared.options.shutdown_grace;
+    if tokio::time::timeout(grace, shared.idle()).await.is_err() {
+        tracing::warn!(
+            "grace period of {} ms over; stopping the statements still running",
+            grace.as_millis()
+        );
+        shared.set_phase(Phase::Terminating);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), shared.idle()).await;
+    }
+}
+
+/// Serves clients from `listener` until `shutdown` completes, then drains (see [`drain`]).
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -71,7 +93,10 @@ pub async fn serve(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                drain(&shared).await;
+                return Ok(());
+            }
             accepted = listener.accept() => {
                 let (socket, peer) = match accepted {
                     Ok(a) => a,
@@ -80,12 +105,15 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let connection = Arc::new(Connection::new(shared.clone(), manager.clone()));
                 let handlers = Arc::new(Handlers {
-                    connection: Arc::new(Connection::new(shared.clone(), manager.clone())),
+                    startup: Arc::new(Startup::new(&shared.users, connection.clone(), manager.clone())),
+                    connection,
                     cancel: cancel.clone(),
                 });
+                let tls = shared.tls.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = process_socket(socket, None, handlers).await {
+                    if let Err(e) = process_socket(socket, tls, handlers).await {
                         tracing::debug!("connection from {peer} ended: {e}");
                     }
                 });

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::{stream, Sink, StreamExt};
+use futures::{stream, Sink, SinkExt, StreamExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -23,7 +23,7 @@ use pgwire::api::results::{
 use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADATA_USER};
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -35,7 +35,7 @@ use sluice_sql::{parse_statement, split_settings, Error, ErrorCode, Literal, Res
 use crate::encode;
 use crate::error::{from_engine, to_pg};
 use crate::params;
-use crate::state::{access_denied, Shared};
+use crate::state::{access_denied, shutting_down, Phase, Shared};
 
 /// Query-level settings sluice honours (the `SETTINGS` tail).
 #[derive(Debug, Default)]
@@ -188,6 +188,40 @@ fn route(sql: &str) -> Route {
     }
 }
 
+/// Where a statement's notices go while it runs: the client, or nowhere.
+#[async_trait]
+pub trait Notices: Send {
+    async fn notice(&mut self, text: String);
+}
+
+/// Notices dropped (`sluice local`).
+#[derive(Debug)]
+pub struct NoNotices;
+
+#[async_trait]
+impl Notices for NoNotices {
+    async fn notice(&mut self, _text: String) {}
+}
+
+/// Notices sent to the client as NoticeResponse messages, at once (before the statement's
+/// result), so psql prints them while the statement waits.
+struct ClientNotices<'a, C>(&'a mut C);
+
+#[async_trait]
+impl<C> Notices for ClientNotices<'_, C>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+{
+    async fn notice(&mut self, text: String) {
+        let info = ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), text);
+        // A client gone away is noticed by the statement's own I/O; nothing to do here.
+        let _ = self
+            .0
+            .send(PgWireBackendMessage::NoticeResponse(info.into()))
+            .await;
+    }
+}
+
 /// A connection's handlers and state.
 pub struct Connection {
     shared: Arc<Shared>,
@@ -243,7 +277,13 @@ impl Connection {
         };
     }
 
-    async fn run(&self, user: &str, sql: &str, params: Vec<ScalarValue>) -> Result<Outcome> {
+    async fn run(
+        &self,
+        user: &str,
+        sql: &str,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+    ) -> Result<Outcome> {
         let route = route(sql);
         if !params.is_empty() && route != Route::Engine {
             return Err(Error::new(
@@ -253,6 +293,12 @@ impl Connection {
         }
         match route {
             Route::WorkloadDdl => {
+                if !self.shared.users.is_admin(user) {
+                    return Err(Error::new(
+                        ErrorCode::AccessDenied,
+                        format!("{user}: Not enough privileges. To change workloads and resources, the user needs admin = true in [[users]]"),
+                    ));
+                }
                 let stmt = parse_statement(sql)?;
                 self.shared.apply_ddl(&stmt).await?;
                 let tag = match &stmt {
@@ -266,6 +312,11 @@ impl Connection {
                 Ok(Outcome::Command(Tag::new(tag)))
             }
             Route::SetVar { name, value } => {
+                if name == "workload" {
+                    if let Some(v) = &value {
+                        self.check_pinned(user, v)?;
+                    }
+                }
                 self.set_var(&name, value);
                 Ok(Outcome::Command(Tag::new(
                     if sql.trim_start().to_ascii_uppercase().starts_with("RESET") {
@@ -276,13 +327,11 @@ impl Connection {
                 )))
             }
             Route::ShowVar(name) => {
-                let value = self.var(&name).unwrap_or_else(|| {
-                    if name == "workload" {
-                        "default".into()
-                    } else {
-                        String::new()
-                    }
-                });
+                let value = if name == "workload" {
+                    self.workload_of(user, None)?
+                } else {
+                    self.var(&name).unwrap_or_default()
+                };
                 Ok(one_column(&name, vec![value]))
             }
             Route::ShowEntities(kind) => {
@@ -325,18 +374,49 @@ impl Connection {
                 ))
             }
             Route::Transaction(tag) => Ok(Outcome::Command(Tag::new(tag))),
-            Route::Engine => self.run_query(user, sql, params).await,
+            Route::Engine => self.run_query(user, sql, params, notices).await,
         }
     }
 
-    async fn run_query(&self, user: &str, sql: &str, params: Vec<ScalarValue>) -> Result<Outcome> {
+    /// The workload a query runs in: the `SETTINGS` tail's, else the session's, else the
+    /// user's default, else `default` — unless the user is pinned to one.
+    fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
+        let requested = requested.or_else(|| self.var("workload"));
+        let config = self.shared.users.get(user);
+        if let Some(pinned) = config.and_then(|u| u.pinned_workload.as_ref()) {
+            if let Some(r) = &requested {
+                self.check_pinned(user, r)?;
+            }
+            return Ok(pinned.clone());
+        }
+        Ok(requested
+            .or_else(|| config.and_then(|u| u.default_workload.clone()))
+            .unwrap_or_else(|| "default".to_string()))
+    }
+
+    fn check_pinned(&self, user: &str, workload: &str) -> Result<()> {
+        match self.shared.users.get(user).and_then(|u| u.pinned_workload.as_ref()) {
+            Some(pinned) if pinned != workload => Err(Error::new(
+                ErrorCode::SettingConstraintViolation,
+                format!("Setting workload should not be changed: user '{user}' runs in workload '{pinned}' only"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    async fn run_query(
+        &self,
+        user: &str,
+        sql: &str,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+    ) -> Result<Outcome> {
         let markup = split_settings(sql)?;
         let settings = query_settings(&markup.settings)?;
-        let workload = settings
-            .workload
-            .clone()
-            .or_else(|| self.var("workload"))
-            .unwrap_or_else(|| "default".to_string());
+        let workload = self.workload_of(user, settings.workload.clone())?;
+        if self.shared.phase() != Phase::Serving {
+            return Err(shutting_down(self.shared.phase()));
+        }
         let guard = self.shared.register(user, &workload, &markup.query);
         let snapshot = self.shared.snapshot();
         let mut hold: Vec<Box<dyn Send + Sync>> = Vec::new();
@@ -347,11 +427,34 @@ impl Connection {
                 }
                 continue;
             }
-            let mut acquire = scheduler.acquire(&workload, 1)?;
+            let arrived = std::time::Instant::now();
+            let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
+                if e.code == ErrorCode::ServerOverloaded {
+                    self.shared.metrics.rejected(resource, &workload);
+                }
+            })?;
+            let counted_waiting = self.shared.metrics.waiting(resource, &workload);
             if !acquire.is_granted() {
                 guard.waiting_for(Some(resource));
+                notices
+                    .notice(format!(
+                        "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
+                        acquire.queue_path(),
+                        guard.query_id
+                    ))
+                    .await;
             }
-            hold.push(Box::new(acquire.await?));
+            let permit = tokio::select! {
+                permit = acquire => permit?,
+                _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+            };
+            drop(counted_waiting);
+            hold.push(Box::new(permit));
+            hold.push(Box::new(self.shared.metrics.admitted(
+                resource,
+                &workload,
+                arrived.elapsed(),
+            )));
             guard.waiting_for(None);
         }
         if markup.query.to_ascii_lowercase().contains("system.") {
@@ -360,6 +463,12 @@ impl Connection {
         let execute = self
             .session
             .execute(&markup.query, settings.max_threads, params);
+        let execute = async {
+            tokio::select! {
+                output = execute => output.map_err(|e| from_engine(&e)),
+                _ = self.shared.reached(Phase::Terminating) => Err(shutting_down(Phase::Terminating)),
+            }
+        };
         let output = match settings.max_execution_time {
             Some(limit) => tokio::time::timeout(limit, execute).await.map_err(|_| {
                 Error::new(
@@ -372,8 +481,7 @@ impl Connection {
                 )
             })?,
             None => execute.await,
-        }
-        .map_err(|e| from_engine(&e))?;
+        }?;
         hold.push(Box::new(guard));
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
@@ -496,7 +604,7 @@ impl Connection {
     /// admission and engine as a client connection.
     pub async fn run_local(&self, sql: &str) -> Result<LocalOutput> {
         use sluice_engine::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-        match self.run("local", sql, Vec::new()).await? {
+        match self.run("local", sql, Vec::new(), &mut NoNotices).await? {
             Outcome::Command(_) => Ok(LocalOutput::Ok),
             Outcome::Rows {
                 schema,
@@ -562,8 +670,15 @@ impl NoopStartupHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        // `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
-        if let Some(options) = client.metadata().get("options").cloned() {
+        self.apply_startup_options(client.metadata());
+        Ok(())
+    }
+}
+
+impl Connection {
+    /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
+    pub fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
+        if let Some(options) = metadata.get("options").cloned() {
             let mut parts = options.split_whitespace();
             while let Some(part) = parts.next() {
                 let assignment = if part == "-c" {
@@ -576,7 +691,6 @@ impl NoopStartupHandler for Connection {
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -584,15 +698,17 @@ impl NoopStartupHandler for Connection {
 impl SimpleQueryHandler for Connection {
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
     where
-        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let user = user_of(client);
         let mut responses = Vec::new();
         // A simple query may hold several statements; each runs in turn, the first error stops.
         for statement in split_statements(query) {
             let outcome = self
-                .run(&user, &statement, Vec::new())
+                .run(&user, &statement, Vec::new(), &mut ClientNotices(client))
                 .await
                 .map_err(|e| to_pg(&e))?;
             responses.push(self.respond(outcome, &Format::UnifiedText)?);
@@ -655,8 +771,10 @@ impl ExtendedQueryHandler for Connection {
         _max_rows: usize,
     ) -> PgWireResult<Response>
     where
-        C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let sql = &portal.statement.statement;
         let values = if portal.parameter_len() > 0 {
@@ -669,7 +787,10 @@ impl ExtendedQueryHandler for Connection {
             Vec::new()
         };
         let user = user_of(client);
-        let outcome = self.run(&user, sql, values).await.map_err(|e| to_pg(&e))?;
+        let outcome = self
+            .run(&user, sql, values, &mut ClientNotices(client))
+            .await
+            .map_err(|e| to_pg(&e))?;
         self.respond(outcome, &portal.result_column_format)
     }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use crate::auth::{tls_acceptor, User, Users};
 use sluice_catalog::{config_layer, Catalog, DiskStorage};
 use sluice_engine::Engine;
 use sluice_sched::{compile, recompile, Machine, ResourceScheduler, SchedulerTrees, TokioClock};
@@ -21,6 +22,62 @@ pub struct ServerOptions {
     pub throw_on_unknown_workload: bool,
     /// The read-only catalog layer from the config file.
     pub config_statements: String,
+    /// `[[users]]`; empty: trust mode (loopback only).
+    pub users: Vec<User>,
+    /// `[tls]`: certificate and key PEM files.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// After SIGTERM/SIGINT, how long running statements may finish before they are stopped.
+    pub shutdown_grace: std::time::Duration,
+    /// `[disks]`: the disks `READ DISK`/`WRITE DISK` resources name, by name.
+    pub disks: BTreeMap<String, std::path::PathBuf>,
+    /// `cpu_slot_*` server settings, for the CPU resource.
+    pub cpu_slots: CpuSlotOptions,
+}
+
+/// ClickHouse's `cpu_slot_preemption`, `cpu_slot_quantum_ns`, `cpu_slot_preemption_timeout_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuSlotOptions {
+    pub preemption: bool,
+    pub quantum_ns: u64,
+    pub preemption_timeout_ms: u64,
+}
+
+impl Default for CpuSlotOptions {
+    fn default() -> Self {
+        CpuSlotOptions {
+            preemption: false,
+            quantum_ns: 10_000_000,
+            preemption_timeout_ms: 1000,
+        }
+    }
+}
+
+/// Where the server is in its life. Ordered: each phase follows the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Serving,
+    /// Shutting down: no statement starts, waiting ones fail with 57P01, running ones may
+    /// finish within the grace period.
+    Draining,
+    /// The grace period is over: running statements are stopped (57P01).
+    Terminating,
+}
+
+impl ServerOptions {
+    /// Defaults for everything but where the data lives and what the machine is.
+    pub fn new(data_dir: impl Into<std::path::PathBuf>, machine: Machine) -> ServerOptions {
+        ServerOptions {
+            data_dir: data_dir.into(),
+            machine,
+            throw_on_unknown_workload: false,
+            config_statements: String::new(),
+            users: Vec::new(),
+            tls: None,
+            shutdown_grace: std::time::Duration::from_secs(30),
+            disks: BTreeMap::new(),
+            cpu_slots: CpuSlotOptions::default(),
+        }
+    }
 }
 
 /// One catalog version and everything derived from it. Immutable; a change publishes a new one.
@@ -43,16 +100,19 @@ pub struct Process {
     pub query: String,
 }
 
-#[derive(Debug)]
 pub struct Shared {
     pub engine: Engine,
     pub options: ServerOptions,
+    pub users: Arc<Users>,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
     ddl: tokio::sync::Mutex<()>,
     processes: Mutex<BTreeMap<u64, Process>>,
     next_query_id: AtomicU64,
+    phase: tokio::sync::watch::Sender<Phase>,
 }
 
 impl Shared {
@@ -63,8 +123,16 @@ impl Shared {
         let catalog = storage.load(base)?;
         let trees = compile(&catalog, options.machine)?;
         let schedulers = schedulers(&trees, None);
+        let users = Arc::new(Users::new(options.users.clone())?);
+        let tls = match &options.tls {
+            Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+            None => None,
+        };
         Ok(Arc::new(Shared {
             engine: Engine::new(),
+            users,
+            tls,
+            metrics: Arc::default(),
             options,
             storage,
             current: RwLock::new(Arc::new(Snapshot {
@@ -75,6 +143,7 @@ impl Shared {
             ddl: tokio::sync::Mutex::new(()),
             processes: Mutex::new(BTreeMap::new()),
             next_query_id: AtomicU64::new(1),
+            phase: tokio::sync::watch::Sender::new(Phase::Serving),
         }))
     }
 
@@ -131,6 +200,33 @@ impl Shared {
         }
     }
 
+    pub fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        tracing::info!(?phase, "server phase");
+        self.phase.send_replace(phase);
+    }
+
+    /// Completes once the server has reached `phase`.
+    pub async fn reached(&self, phase: Phase) {
+        let mut rx = self.phase.subscribe();
+        let _ = rx.wait_for(|p| *p >= phase).await;
+    }
+
+    /// Completes once no statement is waiting or running.
+    pub async fn idle(&self) {
+        while !self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn processes(&self) -> Vec<Process> {
         self.processes
             .lock()
@@ -149,6 +245,15 @@ impl Shared {
         {
             p.waiting_for = resource.map(str::to_string);
         }
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("options", &self.options)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -203,6 +308,17 @@ fn schedulers(
         out.insert(tree.resource.clone(), scheduler);
     }
     out
+}
+
+/// The error of a statement refused or stopped by shutdown.
+pub fn shutting_down(phase: Phase) -> Error {
+    Error::new(
+        ErrorCode::Aborted,
+        match phase {
+            Phase::Terminating => "terminating the statement: sluice is shutting down and the grace period (server.shutdown_grace_ms) is over",
+            _ => "sluice is shutting down; the statement did not start. Retry once the server is back",
+        },
+    )
 }
 
 /// An error for a workload that does not exist when `throw_on_unknown_workload` is on.

@@ -2,141 +2,12 @@
 //! test starts on an ephemeral loopback port. Waiting is observed through `system.processes`,
 //! never by sleeping and hoping.
 
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use sluice_sched::Machine;
-use sluice_server::{serve, ServerOptions, Shared};
-use tokio::net::TcpListener;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
-
-struct TestServer {
-    port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TestServer {
-    async fn start(data_dir: &std::path::Path, throw_on_unknown_workload: bool) -> TestServer {
-        let options = ServerOptions {
-            data_dir: data_dir.to_path_buf(),
-            machine: Machine {
-                cores: 4,
-                memory: 1 << 34,
-            },
-            throw_on_unknown_workload,
-            config_statements: String::new(),
-        };
-        let shared = Shared::open(options).expect("server state opens");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            serve(listener, shared, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("serves");
-        });
-        TestServer {
-            port,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn client(&self) -> Client {
-        self.client_with(&format!(
-            "host=127.0.0.1 port={} user=tester dbname=any",
-            self.port
-        ))
-        .await
-    }
-
-    async fn client_with(&self, conn: &str) -> Client {
-        let (client, connection) = tokio_postgres::connect(conn, NoTls)
-            .await
-            .expect("connects");
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        client
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-/// The first column of every row of a simple query, as text.
-async fn column(client: &Client, sql: &str) -> Vec<String> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_string()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Waits (bounded) until `system.processes` shows `n` statements waiting.
-async fn until_waiting(client: &Client, n: usize) {
-    for _ in 0..500 {
-        let waiting = column(
-            client,
-            "SELECT count(*) FROM system.processes WHERE state = 'waiting'",
-        )
-        .await;
-        if waiting == [n.to_string()] {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never saw {n} waiting statements");
-}
-
-/// A server on a fresh data dir, with `ddl` applied through an admin connection.
-async fn started_with(
-    ddl: &str,
-    throw_on_unknown_workload: bool,
-) -> (tempfile::TempDir, TestServer, Client) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(dir.path(), throw_on_unknown_workload).await;
-    let admin = server.client().await;
-    admin.batch_execute(ddl).await.expect("ddl");
-    (dir, server, admin)
-}
-
-/// No scheduler node holds a request or has one queued.
-async fn assert_nothing_held(admin: &Client) {
-    assert_eq!(
-        column(
-            admin,
-            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
-        )
-        .await,
-        ["0 0"],
-        "nothing is left held or queued"
-    );
-}
-
-fn sqlstate(e: &tokio_postgres::Error) -> String {
-    e.as_db_error()
-        .map(|d| d.code().code().to_string())
-        .unwrap_or_default()
-}
-
-fn message(e: &tokio_postgres::Error) -> String {
-    e.as_db_error()
-        .map(|d| d.message().to_string())
-        .unwrap_or_else(|| e.to_string())
-}
+use support::*;
+use tokio_postgres::NoTls;
 
 #[tokio::test]
 async fn queries_run_in_both_protocols_with_postgres_types() {
@@ -457,5 +328,4 @@ async fn unknown_workloads_run_unlimited_or_are_denied() {
     assert_eq!(column(&client, "SHOW workload").await, ["leaf"]);
     assert_eq!(column(&client, "SELECT 7").await, ["7"]);
     server.stop().await;
-    let _ = Arc::new(());
 }

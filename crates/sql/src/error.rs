@@ -27,6 +27,8 @@ pub enum ErrorCode {
     UnknownTable,
     UnknownIdentifier,
     NotImplemented,
+    /// The server is shutting down: the statement was not run, or was stopped.
+    Aborted,
     /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
     InternalError,
 }
@@ -56,6 +58,7 @@ impl ErrorCode {
             ErrorCode::UnknownTable => "UNKNOWN_TABLE",
             ErrorCode::UnknownIdentifier => "UNKNOWN_IDENTIFIER",
             ErrorCode::NotImplemented => "NOT_IMPLEMENTED",
+            ErrorCode::Aborted => "ABORTED",
             ErrorCode::InternalError => "LOGICAL_ERROR",
         }
     }
@@ -84,6 +87,7 @@ impl ErrorCode {
             ErrorCode::UnknownTable => 60,
             ErrorCode::UnknownIdentifier => 47,
             ErrorCode::NotImplemented => 48,
+            ErrorCode::Aborted => 236,
             ErrorCode::InternalError => 49,
         }
     }
@@ -96,6 +100,7 @@ impl ErrorCode {
             ErrorCode::UnknownTable => "42P01",
             ErrorCode::UnknownIdentifier => "42703",
             ErrorCode::NotImplemented => "0A000",
+            ErrorCode::Aborted => "57P01",
             ErrorCode::BadArguments
             | ErrorCode::BadGet
             | ErrorCode::CannotParseNumber

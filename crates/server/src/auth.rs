@@ -1,0 +1,346 @@
+//! Who may connect and what they may do: `[[users]]` with SCRAM-SHA-256 verifiers, the trust
+//! mode for loopback when no users are configured, TLS, and each user's workload rules.
+//!
+//! Invariants:
+//! - No password is ever stored or logged: a user carries a Postgres-format SCRAM verifier
+//!   (`SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`), which proves a password
+//!   without revealing it (`sluice passwd` makes one).
+//! - With no users, every client is trusted — so the server refuses to listen beyond loopback
+//!   (checked where the listener is chosen, see [`check_listen`]).
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use futures::Sink;
+use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
+use pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use pgwire::api::auth::{
+    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
+};
+use pgwire::api::{ClientInfo, ConnectionManager};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use sluice_sql::{Error, ErrorCode, Result};
+
+use crate::session::Connection;
+
+/// The iteration count of verifiers `sluice passwd` makes (Postgres' default).
+pub const SCRAM_ITERATIONS: usize = 4096;
+
+/// One `[[users]]` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct User {
+    pub name: String,
+    /// The SCRAM-SHA-256 verifier, in Postgres' `pg_authid.rolpassword` format.
+    pub scram: String,
+    /// May run workload DDL (`CREATE|DROP WORKLOAD|RESOURCE`).
+    pub admin: bool,
+    /// The workload of this user's queries when they name none.
+    pub default_workload: Option<String>,
+    /// The only workload this user's queries may run in; naming another is
+    /// SETTING_CONSTRAINT_VIOLATION.
+    pub pinned_workload: Option<String>,
+}
+
+/// A parsed verifier.
+#[derive(Clone, PartialEq)]
+struct Verifier {
+    iterations: usize,
+    salt: Vec<u8>,
+    stored_key: Vec<u8>,
+    server_key: Vec<u8>,
+}
+
+impl Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("iterations", &self.iterations)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse_verifier(text: &str) -> std::result::Result<Verifier, String> {
+    let bad = || {
+        "expected SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey> (make one with `sluice passwd`)".to_string()
+    };
+    let rest = text.strip_prefix("SCRAM-SHA-256$").ok_or_else(bad)?;
+    let (params, keys) = rest.split_once('$').ok_or_else(bad)?;
+    let (iterations, salt) = params.split_once(':').ok_or_else(bad)?;
+    let (stored_key, server_key) = keys.split_once(':').ok_or_else(bad)?;
+    let decode = |s: &str| STANDARD.decode(s).map_err(|e| format!("{}: {e}", bad()));
+    let v = Verifier {
+        iterations: iterations.parse().map_err(|_| bad())?,
+        salt: decode(salt)?,
+        stored_key: decode(stored_key)?,
+        server_key: decode(server_key)?,
+    };
+    if v.iterations == 0 || v.stored_key.len() != 32 || v.server_key.len() != 32 {
+        return Err(bad());
+    }
+    Ok(v)
+}
+
+/// A new SCRAM-SHA-256 verifier for `password`, with a random 16-byte salt.
+pub fn make_verifier(password: &str) -> Result<String> {
+    use ring::rand::SecureRandom;
+    let mut salt = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut salt)
+        .map_err(|_| Error::new(ErrorCode::InternalError, "no randomness for a salt"))?;
+    let salted = gen_salted_password(password, &salt, SCRAM_ITERATIONS);
+    let ScramSecret::Verifier {
+        stored_key,
+        server_key,
+        ..
+    } = ScramSecret::verifier_from_salted_password(salt.to_vec(), salted, SCRAM_ITERATIONS)
+    else {
+        unreachable!("verifier_from_salted_password returns a verifier")
+    };
+    Ok(format!(
+        "SCRAM-SHA-256${SCRAM_ITERATIONS}:{}${}:{}",
+        STANDARD.encode(salt),
+        STANDARD.encode(stored_key),
+        STANDARD.encode(server_key)
+    ))
+}
+
+/// The configured users, checked.
+#[derive(Debug, Default)]
+pub struct Users {
+    by_name: HashMap<String, (User, Verifier)>,
+}
+
+impl Users {
+    /// Checks every entry: names unique, verifiers well formed, not both a default and a
+    /// pinned workload.
+    pub fn new(users: Vec<User>) -> Result<Users> {
+        let mut by_name = HashMap::new();
+        for user in users {
+            let invalid = |why: String| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("[[users]] '{}': {why}", user.name),
+                )
+            };
+            if user.name.is_empty() {
+                return Err(Error::new(
+                    ErrorCode::BadArguments,
+                    "[[users]]: an entry has an empty name",
+                ));
+            }
+            let verifier =
+                parse_verifier(&user.scram).map_err(|e| invalid(format!("scram: {e}")))?;
+            if user.default_workload.is_some() && user.pinned_workload.is_some() {
+                return Err(invalid(
+                    "set default_workload or pinned_workload, not both (a pinned workload is also the default)".into(),
+                ));
+            }
+            if by_name.contains_key(&user.name) {
+                return Err(invalid("configured twice".into()));
+            }
+            by_name.insert(user.name.clone(), (user, verifier));
+        }
+        Ok(Users { by_name })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&User> {
+        self.by_name.get(name).map(|(u, _)| u)
+    }
+
+    /// Whether `name` may run workload DDL: everyone in trust mode, else admins.
+    pub fn is_admin(&self, name: &str) -> bool {
+        self.is_empty() || self.get(name).is_some_and(|u| u.admin)
+    }
+}
+
+/// Refuses to serve every client without a password beyond this machine.
+pub fn check_listen(addr: &SocketAddr, users: &Users) -> Result<()> {
+    if users.is_empty() && !addr.ip().is_loopback() {
+        return Err(Error::new(
+            ErrorCode::BadArguments,
+            format!(
+                "refusing to listen on {addr} without [[users]]: with no users every client is trusted, which is only safe on loopback. Add users (see `sluice passwd`) or listen on 127.0.0.1"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The TLS acceptor for `[tls] cert` and `key` (PEM files).
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let fail = |what: &str, path: &PathBuf, e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorCode::BadArguments,
+            format!("[tls] {what} {}: {e}", path.display()),
+        )
+    };
+    let cert_path = cert.to_path_buf();
+    let key_path = key.to_path_buf();
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| fail("cert", &cert_path, &e))?;
+    if certs.is_empty() {
+        return Err(fail("cert", &cert_path, &"no certificate in the file"));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| fail("key", &key_path, &e))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| fail("cert", &cert_path, &e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| fail("key", &key_path, &e))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The users as pgwire's SCRAM mechanism asks for them: verifiers only.
+#[derive(Debug)]
+struct VerifierSource(Arc<Users>);
+
+#[async_trait]
+impl AuthSource for VerifierSource {
+    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
+        // Only SCRAM is offered, which asks for the verifier below; there is no password.
+        Err(PgWireError::InvalidPassword(
+            login.user().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
+        let user = login.user().unwrap_or_default();
+        let Some((_, v)) = self.0.by_name.get(user) else {
+            tracing::info!(user, "login refused: no such user");
+            return Err(PgWireError::InvalidPassword(user.to_owned()));
+        };
+        Ok((
+            ScramSecret::Verifier {
+                salt: v.salt.clone(),
+                iterations: v.iterations,
+                stored_key: v.stored_key.clone(),
+                server_key: v.server_key.clone(),
+            },
+            None,
+        ))
+    }
+}
+
+/// The start-up of one connection: SCRAM when users are configured, else trust (loopback
+/// only, see [`check_listen`]); then the connection's start-up options.
+pub struct Startup {
+    sasl: Option<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
+    connection: Arc<Connection>,
+}
+
+impl Debug for Startup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Startup")
+            .field("scram", &self.sasl.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Startup {
+    pub fn new(
+        users: &Arc<Users>,
+        connection: Arc<Connection>,
+        manager: Arc<ConnectionManager>,
+    ) -> Startup {
+        let sasl = (!users.is_empty()).then(|| {
+            SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
+                .with_scram(ScramAuth::new(Arc::new(VerifierSource(users.clone()))))
+                .with_connection_manager(manager)
+        });
+        Startup { sasl, connection }
+    }
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match &self.sasl {
+            None => self.connection.on_startup(client, message).await,
+            Some(sasl) => {
+                let is_startup = matches!(message, PgWireFrontendMessage::Startup(_));
+                sasl.on_startup(client, message).await?;
+                if is_startup {
+                    self.connection.apply_startup_options(client.metadata());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str, scram: &str) -> User {
+        User {
+            name: name.into(),
+            scram: scram.into(),
+            admin: false,
+            default_workload: None,
+            pinned_workload: None,
+        }
+    }
+
+    #[test]
+    fn verifiers_round_trip_and_bad_ones_are_named() {
+        let v = make_verifier("pencil").expect("verifier");
+        assert!(v.starts_with("SCRAM-SHA-256$4096:"), "{v}");
+        assert!(!v.contains("pencil"));
+        let parsed = parse_verifier(&v).expect("parses");
+        assert_eq!(parsed.salt.len(), 16);
+        // Two verifiers of one password differ (random salts).
+        assert_ne!(make_verifier("pencil").expect("verifier"), v);
+        let e = Users::new(vec![user("ann", "pencil")]).expect_err("plain password");
+        assert!(e.message.contains("[[users]] 'ann': scram"), "{e}");
+        let e = Users::new(vec![user("ann", &v), user("ann", &v)]).expect_err("twice");
+        assert!(e.message.contains("twice"), "{e}");
+        let users = Users::new(vec![User {
+            admin: true,
+            ..user("root", &v)
+        }])
+        .expect("valid");
+        assert!(users.is_admin("root"));
+        assert!(!users.is_admin("ann"));
+        assert!(Users::default().is_admin("anyone"));
+    }
+
+    #[test]
+    fn trust_mode_stays_on_loopback() {
+        let none = Users::default();
+        assert!(check_listen(&"127.0.0.1:6543".parse().expect("addr"), &none).is_ok());
+        assert!(check_listen(&"[::1]:6543".parse().expect("addr"), &none).is_ok());
+        let e = check_listen(&"0.0.0.0:6543".parse().expect("addr"), &none).expect_err("open");
+        assert!(
+            e.message.contains("refusing to listen on 0.0.0.0:6543"),
+            "{e}"
+        );
+        let v = make_verifier("x").expect("verifier");
+        let some = Users::new(vec![user("ann", &v)]).expect("valid");
+        assert!(check_listen(&"0.0.0.0:6543".parse().expect("addr"), &some).is_ok());
+    }
+}

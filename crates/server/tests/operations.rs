@@ -1,0 +1,382 @@
+//! Running sluice for real: users with SCRAM, admin-only DDL, pinned and default workloads;
+//! notices to waiting queries; graceful shutdown; Prometheus metrics. Real clients
+//! (tokio-postgres) against a server on an ephemeral loopback port.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use sluice_sched::Machine;
+use sluice_server::auth::{make_verifier, User};
+use sluice_server::ServerOptions;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+fn options(dir: &std::path::Path) -> ServerOptions {
+    ServerOptions::new(
+        dir,
+        Machine {
+            cores: 4,
+            memory: 1 << 34,
+        },
+    )
+}
+
+fn user(name: &str, password: &str) -> User {
+    User {
+        name: name.into(),
+        scram: make_verifier(password).expect("verifier"),
+        admin: false,
+        default_workload: None,
+        pinned_workload: None,
+    }
+}
+
+async fn connect(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user={user} password={password} dbname=x"),
+        NoTls,
+    )
+    .await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+#[tokio::test]
+async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        users: vec![
+            User {
+                admin: true,
+                ..user("root", "r00t")
+            },
+            User {
+                pinned_workload: Some("prod".into()),
+                ..user("app", "app-pw")
+            },
+            User {
+                default_workload: Some("dev".into()),
+                ..user("dana", "dana-pw")
+            },
+        ],
+        ..options(dir.path())
+    })
+    .await;
+    // The verifier is all that is stored; a wrong password, or an unknown user, is refused.
+    let e = connect(server.port, "root", "wrong")
+        .await
+        .expect_err("refused");
+    assert_eq!(sqlstate(&e), "28P01", "{e}");
+    let e = connect(server.port, "nobody", "x")
+        .await
+        .expect_err("refused");
+    assert_eq!(sqlstate(&e), "28P01", "{e}");
+
+    let root = connect(server.port, "root", "r00t")
+        .await
+        .expect("root logs in");
+    root.batch_execute(
+        "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; \
+         CREATE WORKLOAD prod IN all; CREATE WORKLOAD dev IN all",
+    )
+    .await
+    .expect("admin DDL");
+
+    let app = connect(server.port, "app", "app-pw")
+        .await
+        .expect("app logs in");
+    let e = app
+        .batch_execute("CREATE WORKLOAD mine IN all")
+        .await
+        .expect_err("not an admin");
+    assert_eq!(sqlstate(&e), "42501");
+    assert!(message(&e).contains("ACCESS_DENIED"), "{}", message(&e));
+    // Pinned: every query runs in prod; naming another workload is refused.
+    assert_eq!(column(&app, "SHOW workload").await, ["prod"]);
+    let e = app
+        .batch_execute("SET workload = 'dev'")
+        .await
+        .expect_err("pinned");
+    assert_eq!(sqlstate(&e), "42501");
+    assert!(
+        message(&e).contains("SETTING_CONSTRAINT_VIOLATION"),
+        "{}",
+        message(&e)
+    );
+    let e = app
+        .simple_query("SELECT 1 SETTINGS workload = 'dev'")
+        .await
+        .expect_err("pinned");
+    assert!(message(&e).contains("SETTING_CONSTRAINT_VIOLATION"));
+    assert_eq!(
+        column(
+            &app,
+            "SELECT workload FROM system.processes SETTINGS workload = 'prod'"
+        )
+        .await,
+        ["prod"]
+    );
+    // A default workload applies until the session picks another.
+    let dana = connect(server.port, "dana", "dana-pw")
+        .await
+        .expect("dana logs in");
+    assert_eq!(
+        column(
+            &dana,
+            "SELECT user || ' ' || workload FROM system.processes"
+        )
+        .await,
+        ["dana dev"]
+    );
+    dana.batch_execute("SET workload = 'prod'")
+        .await
+        .expect("set");
+    assert_eq!(column(&dana, "SHOW workload").await, ["prod"]);
+    server.stop().await;
+}
+
+/// Connects and collects the notices the server sends on this connection.
+async fn client_with_notices(port: u16) -> (Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let (client, mut connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=tester dbname=x"),
+        NoTls,
+    )
+    .await
+    .expect("connects");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notice(n) = message {
+                let _ = tx.send(n.message().to_string());
+            }
+        }
+    });
+    (client, rx)
+}
+
+#[tokio::test]
+async fn a_waiting_query_is_told_where_it_waits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(options(dir.path())).await;
+    let admin = server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE slots (QUERY); \
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
+             CREATE WORKLOAD reports IN all",
+        )
+        .await
+        .expect("ddl");
+    let runner = server.client().await;
+    let running = tokio::spawn(async move {
+        runner
+            .simple_query("SELECT pg_sleep(0.3) SETTINGS workload = 'reports'")
+            .await
+            .map(|_| ())
+    });
+    until_running(&admin, 1).await;
+    let (waiter, mut notices) = client_with_notices(server.port).await;
+    let rows = waiter
+        .simple_query("SELECT 42 SETTINGS workload = 'reports'")
+        .await
+        .expect("runs after waiting");
+    assert_eq!(rows.len(), 3, "row description, one row, command complete");
+    let notice = notices.recv().await.expect("a notice");
+    assert!(
+        notice.starts_with(
+            "waiting for resource 'slots' in workload 'reports' (queue /all/semaphore/reports/fifo)"
+        ),
+        "{notice}"
+    );
+    assert!(notice.contains("query_id"), "{notice}");
+    running.await.expect("task").expect("slow query");
+    // A query admitted at once gets no notice.
+    waiter
+        .simple_query("SELECT 1 SETTINGS workload = 'reports'")
+        .await
+        .expect("runs");
+    assert!(notices.try_recv().is_err(), "no notice without waiting");
+    server.stop().await;
+}
+
+/// Waits (bounded) until `system.processes` shows `n` statements running besides the probe.
+async fn until_running(client: &Client, n: usize) {
+    for _ in 0..500 {
+        let running = column(
+            client,
+            "SELECT count(*) - 1 FROM system.processes WHERE state = 'running'",
+        )
+        .await;
+        if running == [n.to_string()] {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never saw {n} running statements");
+}
+
+#[tokio::test]
+async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
+    let ddl = "CREATE RESOURCE q (QUERY); \
+               CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
+               CREATE WORKLOAD w IN all";
+    // A generous grace: the running query finishes, the waiting one fails with 57P01.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        shutdown_grace: Duration::from_secs(20),
+        ..options(dir.path())
+    })
+    .await;
+    let admin = server.client().await;
+    admin.batch_execute(ddl).await.expect("ddl");
+    let runner = server.client().await;
+    let running = tokio::spawn(async move {
+        runner
+            .simple_query("SELECT pg_sleep(0.5) AS slept SETTINGS workload = 'w'")
+            .await
+    });
+    until_running(&admin, 1).await;
+    let waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .simple_query("SELECT 2 SETTINGS workload = 'w'")
+            .await
+    });
+    until_waiting(&admin, 1).await;
+    let idle = server.client().await;
+    let stopped = server.begin_stop();
+    let e = waiting.await.expect("task").expect_err("waiter fails");
+    assert_eq!(sqlstate(&e), "57P01", "{e}");
+    assert!(message(&e).contains("ABORTED"), "{}", message(&e));
+    // No statement starts while draining.
+    let e = idle.simple_query("SELECT 3").await.expect_err("draining");
+    assert_eq!(sqlstate(&e), "57P01");
+    let rows = running
+        .await
+        .expect("task")
+        .expect("the running query finishes");
+    assert_eq!(rows.len(), 3);
+    stopped.await.expect("drained");
+
+    // A short grace: the running query is stopped, with 57P01.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        shutdown_grace: Duration::from_millis(200),
+        ..options(dir.path())
+    })
+    .await;
+    let admin = server.client().await;
+    admin.batch_execute(ddl).await.expect("ddl");
+    let runner = server.client().await;
+    let running = tokio::spawn(async move {
+        runner
+            .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'w'")
+            .await
+    });
+    until_running(&admin, 1).await;
+    server.begin_stop().await.expect("drained");
+    let e = running.await.expect("task").expect_err("stopped");
+    assert_eq!(sqlstate(&e), "57P01", "{e}");
+}
+
+async fn scrape(port: u16, request: &str) -> String {
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("metrics connect");
+    socket.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.expect("read");
+    response
+}
+
+#[tokio::test]
+async fn metrics_count_admissions_rejections_and_waits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(options(dir.path())).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let metrics_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(sluice_server::metrics::serve_metrics(
+        listener,
+        server.shared.clone(),
+        std::future::pending(),
+    ));
+    let admin = server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); \
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
+             CREATE WORKLOAD w IN all SETTINGS max_waiting_queries = 1",
+        )
+        .await
+        .expect("ddl");
+    for _ in 0..3 {
+        admin
+            .simple_query("SELECT 1 SETTINGS workload = 'w'")
+            .await
+            .expect("runs");
+    }
+    let runner = server.client().await;
+    let running = tokio::spawn(async move {
+        runner
+            .simple_query("SELECT pg_sleep(0.3) SETTINGS workload = 'w'")
+            .await
+            .map(|_| ())
+    });
+    until_running(&admin, 1).await;
+    let waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        waiter
+            .simple_query("SELECT 2 SETTINGS workload = 'w'")
+            .await
+    });
+    until_waiting(&admin, 1).await;
+    let during = scrape(metrics_port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(during.starts_with("HTTP/1.1 200 OK"), "{during}");
+    let e = admin
+        .simple_query("SELECT 3 SETTINGS workload = 'w'")
+        .await
+        .expect_err("queue full");
+    assert_eq!(sqlstate(&e), "53000");
+    running.await.expect("task").expect("slow");
+    waiting.await.expect("task").expect("waiter");
+    let after = scrape(metrics_port, "GET /metrics HTTP/1.1\r\n\r\n").await;
+    let series = |text: &str, name: &str| -> String {
+        let prefix = format!("{name}{{resource=\"q\",workload=\"w\"");
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(series(&during, "sluice_queries_waiting"), "1");
+    assert_eq!(series(&during, "sluice_queries_in_flight"), "1");
+    assert_eq!(series(&after, "sluice_queries_waiting"), "0");
+    assert_eq!(series(&after, "sluice_queries_in_flight"), "0");
+    assert_eq!(series(&after, "sluice_queries_admitted_total"), "5");
+    assert_eq!(series(&after, "sluice_queries_rejected_total"), "1");
+    assert_eq!(series(&after, "sluice_admission_wait_seconds_count"), "5");
+    assert!(after.contains("# TYPE sluice_admission_wait_seconds histogram"));
+    // The waiter waited at least until the slow query ended: not in the fastest bucket.
+    let fastest = after
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "sluice_admission_wait_seconds_bucket{resource=\"q\",workload=\"w\",le=\"0.0005\"}",
+            )
+        })
+        .expect("bucket");
+    assert!(!fastest.ends_with(" 5"), "{fastest}");
+    let other = scrape(metrics_port, "GET / HTTP/1.1\r\n\r\n").await;
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    server.stop().await;
+}
