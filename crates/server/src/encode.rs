@@ -1,7 +1,8 @@
 //! Arrow results as Postgres rows: a Postgres type per Arrow type, and each value encoded in
-//! the format (text or binary) the client asked for. Types without a faithful Postgres binary
-//! form here (intervals, lists, structs, unsigned 64-bit) go out as `text` in Arrow's display
-//! form, which is what psql would print.
+//! the format (text or binary) the client asked for. Intervals and durations are `interval`;
+//! lists of booleans, integers, floats and strings are arrays of those. Types without a
+//! faithful Postgres form here (structs, maps, nested lists) go out as `text` in Arrow's
+//! display form.
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Schema, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use pg_interval::Interval;
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo};
 use pgwire::api::Type;
 use pgwire::error::PgWireResult;
@@ -39,7 +41,99 @@ pub fn pg_type(dt: &DataType) -> Type {
         DataType::Timestamp(_, None) => Type::TIMESTAMP,
         DataType::Timestamp(_, Some(_)) => Type::TIMESTAMPTZ,
         DataType::Decimal128(p, _) if *p <= 28 => Type::NUMERIC,
+        DataType::Interval(_) | DataType::Duration(_) => Type::INTERVAL,
+        DataType::List(f) | DataType::LargeList(f) => match f.data_type() {
+            DataType::Boolean => Type::BOOL_ARRAY,
+            DataType::Int8 | DataType::Int16 | DataType::UInt8 => Type::INT2_ARRAY,
+            DataType::Int32 | DataType::UInt16 => Type::INT4_ARRAY,
+            DataType::Int64 | DataType::UInt32 => Type::INT8_ARRAY,
+            DataType::Float32 => Type::FLOAT4_ARRAY,
+            DataType::Float64 => Type::FLOAT8_ARRAY,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Type::TEXT_ARRAY,
+            _ => Type::TEXT,
+        },
         _ => Type::TEXT,
+    }
+}
+
+/// The elements of a list value, as the array element type [`pg_type`] chose.
+fn list_field(enc: &mut DataRowEncoder, elements: &ArrayRef) -> PgWireResult<()> {
+    macro_rules! list {
+        ($array:expr, $conv:expr) => {{
+            let a = $array;
+            let v: Vec<Option<_>> = a.iter().map(|x| x.map($conv)).collect();
+            enc.encode_field(&v)
+        }};
+    }
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes as t;
+    match elements.data_type() {
+        DataType::Boolean => list!(elements.as_boolean(), |v: bool| v),
+        DataType::Int8 => list!(elements.as_primitive::<t::Int8Type>(), i16::from),
+        DataType::Int16 => list!(elements.as_primitive::<t::Int16Type>(), |v: i16| v),
+        DataType::UInt8 => list!(elements.as_primitive::<t::UInt8Type>(), i16::from),
+        DataType::Int32 => list!(elements.as_primitive::<t::Int32Type>(), |v: i32| v),
+        DataType::UInt16 => list!(elements.as_primitive::<t::UInt16Type>(), i32::from),
+        DataType::Int64 => list!(elements.as_primitive::<t::Int64Type>(), |v: i64| v),
+        DataType::UInt32 => list!(elements.as_primitive::<t::UInt32Type>(), i64::from),
+        DataType::Float32 => list!(elements.as_primitive::<t::Float32Type>(), |v: f32| v),
+        DataType::Float64 => list!(elements.as_primitive::<t::Float64Type>(), |v: f64| v),
+        DataType::Utf8 => list!(elements.as_string::<i32>(), str::to_string),
+        DataType::LargeUtf8 => list!(elements.as_string::<i64>(), str::to_string),
+        DataType::Utf8View => list!(elements.as_string_view(), str::to_string),
+        other => unreachable!("pg_type sends lists of {other} as text"),
+    }
+}
+
+/// An Arrow interval or duration as a Postgres interval (microsecond precision, as Postgres).
+fn interval(array: &ArrayRef, row: usize) -> Interval {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{self as t, IntervalUnit};
+    // A duration (what timestamp - timestamp gives) in days and time, as Postgres' own
+    // timestamp subtraction does.
+    let micros = |d: i64, per_second: i64| {
+        let micros = (i128::from(d) * 1_000_000 / i128::from(per_second)) as i64;
+        const DAY: i64 = 86_400_000_000;
+        Interval::new(0, (micros / DAY) as i32, micros % DAY)
+    };
+    match array.data_type() {
+        DataType::Interval(IntervalUnit::YearMonth) => Interval::new(
+            array.as_primitive::<t::IntervalYearMonthType>().value(row),
+            0,
+            0,
+        ),
+        DataType::Interval(IntervalUnit::DayTime) => {
+            let v = array.as_primitive::<t::IntervalDayTimeType>().value(row);
+            Interval::new(0, v.days, i64::from(v.milliseconds) * 1000)
+        }
+        DataType::Interval(IntervalUnit::MonthDayNano) => {
+            let v = array
+                .as_primitive::<t::IntervalMonthDayNanoType>()
+                .value(row);
+            Interval::new(v.months, v.days, v.nanoseconds / 1000)
+        }
+        DataType::Duration(TimeUnit::Second) => {
+            micros(array.as_primitive::<t::DurationSecondType>().value(row), 1)
+        }
+        DataType::Duration(TimeUnit::Millisecond) => micros(
+            array
+                .as_primitive::<t::DurationMillisecondType>()
+                .value(row),
+            1_000,
+        ),
+        DataType::Duration(TimeUnit::Microsecond) => micros(
+            array
+                .as_primitive::<t::DurationMicrosecondType>()
+                .value(row),
+            1_000_000,
+        ),
+        DataType::Duration(TimeUnit::Nanosecond) => micros(
+            array.as_primitive::<t::DurationNanosecondType>().value(row),
+            1_000_000_000,
+        ),
+        other => {
+            unreachable!("pg_type sends only intervals and durations as interval, not {other}")
+        }
     }
 }
 
@@ -75,11 +169,23 @@ macro_rules! typed {
     }};
 }
 
+fn timestamp_text(v: NaiveDateTime, zone: &str) -> String {
+    let mut out = v.format("%Y-%m-%d %H:%M:%S%.6f").to_string();
+    while out.ends_with('0') {
+        out.pop();
+    }
+    if out.ends_with('.') {
+        out.pop();
+    }
+    out + zone
+}
+
 fn encode_value(
     enc: &mut DataRowEncoder,
     array: &ArrayRef,
     row: usize,
     text: &ArrayFormatter<'_>,
+    text_format: bool,
 ) -> PgWireResult<()> {
     match array.data_type() {
         DataType::Boolean => typed!(enc, array, row, BooleanArray, |v: bool| v),
@@ -121,6 +227,9 @@ fn encode_value(
             };
             match (value, tz) {
                 (None, _) => enc.encode_field(&None::<i8>),
+                // Text as Postgres prints it: no fraction when it is zero, trailing zeros off.
+                (Some(v), None) if text_format => enc.encode_field(&timestamp_text(v, "")),
+                (Some(v), Some(_)) if text_format => enc.encode_field(&timestamp_text(v, "+00")),
                 (Some(v), None) => enc.encode_field(&v),
                 (Some(v), Some(_)) => enc.encode_field(&v.and_utc()),
             }
@@ -134,13 +243,17 @@ fn encode_value(
                 enc.encode_field(&d)
             }
         }
-        _ => {
-            if array.is_null(row) {
-                enc.encode_field(&None::<i8>)
-            } else {
-                enc.encode_field(&text.value(row).to_string())
-            }
+        _ if array.is_null(row) => enc.encode_field(&None::<i8>),
+        DataType::Interval(_) | DataType::Duration(_) => enc.encode_field(&interval(array, row)),
+        DataType::List(_) if pg_type(array.data_type()) != Type::TEXT => {
+            use datafusion::arrow::array::AsArray;
+            list_field(enc, &array.as_list::<i32>().value(row))
         }
+        DataType::LargeList(_) if pg_type(array.data_type()) != Type::TEXT => {
+            use datafusion::arrow::array::AsArray;
+            list_field(enc, &array.as_list::<i64>().value(row))
+        }
+        _ => enc.encode_field(&text.value(row).to_string()),
     }
 }
 
@@ -148,7 +261,7 @@ fn encode_value(
 pub fn rows(batches: &[RecordBatch], fields: Arc<Vec<FieldInfo>>) -> PgWireResult<Vec<DataRow>> {
     let options = FormatOptions::default().with_null("");
     let mut out = Vec::new();
-    let mut enc = DataRowEncoder::new(fields);
+    let mut enc = DataRowEncoder::new(fields.clone());
     for batch in batches {
         let formatters: Vec<ArrayFormatter<'_>> = batch
             .columns()
@@ -158,7 +271,8 @@ pub fn rows(batches: &[RecordBatch], fields: Arc<Vec<FieldInfo>>) -> PgWireResul
             .map_err(|e| pgwire::error::PgWireError::ApiError(Box::new(e)))?;
         for row in 0..batch.num_rows() {
             for (col, array) in batch.columns().iter().enumerate() {
-                encode_value(&mut enc, array, row, &formatters[col])?;
+                let text_format = fields[col].format() == FieldFormat::Text;
+                encode_value(&mut enc, array, row, &formatters[col], text_format)?;
             }
             out.push(enc.take_row());
         }
