@@ -417,9 +417,11 @@ impl Connection {
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));
         }
+        // Declared before the guard so that, however the statement ends (an error, a cancel
+        // dropping this future), the guard goes first and the permits after it.
+        let mut hold: Vec<Box<dyn Send + Sync>> = Vec::new();
         let guard = self.shared.register(user, &workload, &markup.query);
         let snapshot = self.shared.snapshot();
-        let mut hold: Vec<Box<dyn Send + Sync>> = Vec::new();
         for (resource, scheduler) in &snapshot.schedulers {
             if !scheduler.has_workload(&workload) {
                 if self.shared.options.throw_on_unknown_workload {
@@ -457,6 +459,7 @@ impl Connection {
             )));
             guard.waiting_for(None);
         }
+        guard.running();
         if markup.query.to_ascii_lowercase().contains("system.") {
             crate::system::refresh(&self.shared)?;
         }
@@ -482,7 +485,9 @@ impl Connection {
             })?,
             None => execute.await,
         }?;
-        hold.push(Box::new(guard));
+        // First in, so first dropped: the statement leaves system.processes before its
+        // permits are released, and is never seen running beside its successor.
+        hold.insert(0, Box::new(guard));
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
                 schema,

@@ -96,6 +96,8 @@ pub struct Process {
     pub user: String,
     pub workload: String,
     pub waiting_for: Option<String>,
+    /// Admitted by every scheduler (until then it is waiting, or about to).
+    pub running: bool,
     pub started: Instant,
     pub query: String,
 }
@@ -187,6 +189,7 @@ impl Shared {
             user: user.to_string(),
             workload: workload.to_string(),
             waiting_for: None,
+            running: false,
             started: Instant::now(),
             query: query.to_string(),
         };
@@ -236,14 +239,14 @@ impl Shared {
             .collect()
     }
 
-    fn set_waiting(&self, query_id: u64, resource: Option<&str>) {
+    fn update(&self, query_id: u64, f: impl FnOnce(&mut Process)) {
         if let Some(p) = self
             .processes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(&query_id)
         {
-            p.waiting_for = resource.map(str::to_string);
+            f(p);
         }
     }
 }
@@ -266,7 +269,17 @@ pub struct ProcessGuard {
 
 impl ProcessGuard {
     pub fn waiting_for(&self, resource: Option<&str>) {
-        self.shared.set_waiting(self.query_id, resource);
+        self.shared.update(self.query_id, |p| {
+            p.waiting_for = resource.map(str::to_string)
+        });
+    }
+
+    /// Admitted: from now on the statement runs.
+    pub fn running(&self) {
+        self.shared.update(self.query_id, |p| {
+            p.waiting_for = None;
+            p.running = true;
+        });
     }
 }
 

@@ -234,16 +234,11 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             ),
             (
                 "state",
-                strings(processes.iter().map(|p| {
-                    Some(
-                        if p.waiting_for.is_some() {
-                            "waiting"
-                        } else {
-                            "running"
-                        }
-                        .to_string(),
-                    )
-                })),
+                strings(
+                    processes
+                        .iter()
+                        .map(|p| Some(if p.running { "running" } else { "waiting" }.to_string())),
+                ),
             ),
             (
                 "waiting_for",

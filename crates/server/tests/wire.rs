@@ -329,3 +329,65 @@ async fn unknown_workloads_run_unlimited_or_are_denied() {
     assert_eq!(column(&client, "SELECT 7").await, ["7"]);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_per_second_are_limited_to_burst_plus_rate() {
+    const RATE: f64 = 20.0;
+    const BURST: f64 = 4.0;
+    const QUERIES: usize = 48;
+    let (_dir, server, _admin) = started_with(
+        &format!(
+            "CREATE RESOURCE q (QUERY); \
+             CREATE WORKLOAD all SETTINGS max_queries_per_second = {RATE}, max_burst_queries = {BURST}; \
+             CREATE WORKLOAD w IN all"
+        ),
+        false,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = server.client().await;
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..QUERIES / 8 {
+                client
+                    .simple_query("SELECT 1 SETTINGS workload = 'w'")
+                    .await
+                    .expect("admitted");
+                done.lock()
+                    .expect("lock")
+                    .push(started.elapsed().as_secs_f64());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    let mut times = done.lock().expect("lock").clone();
+    times.sort_by(f64::total_cmp);
+    assert_eq!(times.len(), QUERIES);
+    // In any window [t_i, t_j], no more than burst + 1 + rate·(t_j − t_i) queries start
+    // (ClickHouse's token bucket lets burst + 1 go at once; one more of slack for the time a
+    // query takes between its start and its answer).
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let allowed = BURST + 1.0 + RATE * (times[j] - times[i]) + 1.0;
+            assert!(
+                (j - i + 1) as f64 <= allowed,
+                "{} queries in {:.3} s (allowed {allowed:.1})",
+                j - i + 1,
+                times[j] - times[i]
+            );
+        }
+    }
+    // And the limit was what held them: without it 48 trivial queries take milliseconds.
+    let expected = (QUERIES as f64 - BURST - 1.0) / RATE;
+    assert!(
+        times[QUERIES - 1] >= expected * 0.9,
+        "done in {:.3} s, a rate of {RATE}/s needs {expected:.3} s",
+        times[QUERIES - 1]
+    );
+    server.stop().await;
+}
