@@ -21,8 +21,15 @@
 //! oneshot channels while it is held (a send only wakes the receiver); nothing that locks runs
 //! under the lock: a grant that finds its receiver gone is released in place.
 //!
-//! Not yet here: migrating queued requests and held permits when the catalog changes (a new
-//! scheduler starts empty), and the space-shared (memory) nodes.
+//! Catalog changes ([`ResourceScheduler::succeed`]): the new tree's scheduler takes over what
+//! the old one holds, as ClickHouse updates its tree in place. Requests in flight keep counting
+//! against the constraint they passed (an `inflight_limit` of the same workload in the new
+//! tree), throttlers keep their tokens, and waiting requests move to their workload's new
+//! queue in order — or fail with INVALID_SCHEDULER_NODE when it has none (ClickHouse's purge).
+//! The old scheduler forwards: a permit released there is released in its successor too, and
+//! requests sent to it go to the successor. So a change never admits more than the new limits.
+//!
+//! Not yet here: the space-shared (memory) nodes.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -128,6 +135,8 @@ struct RtNode {
     /// Start-time fair queueing tag, kept by the node for its fair parent.
     vruntime: f64,
     has_fair_parent: bool,
+    /// The workload whose subtree this node belongs to (for constraints: the one they limit).
+    owner: Option<String>,
     kind: RtKind,
     stats: NodeStats,
 }
@@ -137,6 +146,8 @@ struct RtNode {
 struct Grant {
     constraints: Vec<usize>,
     cost: i64,
+    /// The scheduler whose nodes `constraints` index.
+    owner: Weak<Shared>,
 }
 
 #[derive(Debug)]
@@ -155,6 +166,18 @@ struct State {
     next_id: u64,
     /// When a timer will next run the dispatcher (a throttler refills then).
     wake_at: Option<Instant>,
+    /// Set once a new tree took over (see [`ResourceScheduler::succeed`]).
+    successor: Option<Successor>,
+}
+
+/// Where a replaced scheduler forwards to.
+#[derive(Debug)]
+struct Successor {
+    shared: Weak<Shared>,
+    /// Constraint nodes whose in-flight counts the successor took over: ours → theirs.
+    constraints: HashMap<usize, usize>,
+    /// Requests that moved to the successor's queues: our id → theirs.
+    moved: HashMap<u64, u64>,
 }
 
 #[derive(Debug)]
@@ -183,6 +206,7 @@ impl ResourceScheduler {
             waiting: HashMap::new(),
             next_id: 0,
             wake_at: None,
+            successor: None,
         };
         if let Some(root) = &tree.root {
             add_node(&mut state, root, "", None, None, false, now);
@@ -204,14 +228,139 @@ impl ResourceScheduler {
     /// Whether `workload` has a node in this tree (unknown workloads are the caller's
     /// decision: unlimited, or RESOURCE_ACCESS_DENIED with `throw_on_unknown_workload`).
     pub fn has_workload(&self, workload: &str) -> bool {
-        self.shared.lock().leaves.contains_key(workload)
+        self.current().shared.lock().leaves.contains_key(workload)
+    }
+
+    /// The scheduler now in charge: this one, or the last of its successors.
+    fn current(&self) -> ResourceScheduler {
+        let mut at = self.shared.clone();
+        loop {
+            let next = at
+                .lock()
+                .successor
+                .as_ref()
+                .and_then(|s| s.shared.upgrade());
+            match next {
+                Some(next) => at = next,
+                None => return ResourceScheduler { shared: at },
+            }
+        }
+    }
+
+    /// The resource is gone: every waiting request fails with INVALID_SCHEDULER_NODE; what
+    /// is in flight finishes.
+    pub fn retire(&self) {
+        let mut state = self.shared.lock();
+        let waiting: Vec<(u64, usize)> =
+            state.waiting.iter().map(|(id, w)| (*id, w.leaf)).collect();
+        for (id, leaf) in waiting {
+            state.waiting.remove(&id);
+            if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
+                queue.retain(|&q| q != id);
+            }
+            count_pending(&mut state, leaf, false);
+        }
+    }
+
+    /// Builds the scheduler of `tree`, the new version of this resource's tree, and hands it
+    /// what this one holds (see the module docs): in-flight counts of each workload's
+    /// `inflight_limit`, each workload's throttler tokens, and the waiting requests, in order,
+    /// in their workload's new queue. Waiting requests whose workload has no queue in `tree`
+    /// fail with INVALID_SCHEDULER_NODE. From then on this scheduler forwards to the new one.
+    pub fn succeed(&self, tree: &ResourceTree) -> ResourceScheduler {
+        let next = ResourceScheduler::new(tree, self.shared.clock.clone());
+        let now = self.shared.clock.now();
+        let mut old = self.shared.lock();
+        let mut new = next.shared.lock();
+        let key = |n: &RtNode| n.owner.clone().map(|o| (o, n.type_name));
+        let new_by_key: HashMap<(String, &'static str), usize> = new
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.kind, RtKind::Inflight { .. } | RtKind::Bandwidth { .. }))
+            .filter_map(|(i, n)| Some((key(n)?, i)))
+            .collect();
+        let mut constraints = HashMap::new();
+        for i in 0..old.nodes.len() {
+            refill(&mut old.nodes[i].kind, now);
+            let Some(&j) = key(&old.nodes[i]).and_then(|k| new_by_key.get(&k)) else {
+                continue;
+            };
+            match (&old.nodes[i].kind, &mut new.nodes[j].kind) {
+                (
+                    RtKind::Inflight { requests, cost, .. },
+                    RtKind::Inflight {
+                        requests: to_requests,
+                        cost: to_cost,
+                        ..
+                    },
+                ) => {
+                    *to_requests += requests;
+                    *to_cost += cost;
+                    constraints.insert(i, j);
+                }
+                (
+                    RtKind::Bandwidth { tokens, .. },
+                    RtKind::Bandwidth {
+                        tokens: to_tokens,
+                        max_burst,
+                        ..
+                    },
+                ) => *to_tokens = tokens.min(*max_burst),
+                _ => {}
+            }
+        }
+        // Waiting requests, leaf by leaf in queue order (the order within a leaf is the
+        // order they are served in; across leaves the new tree decides).
+        let mut moved = HashMap::new();
+        for leaf in 0..old.nodes.len() {
+            let queued: Vec<u64> = match &mut old.nodes[leaf].kind {
+                RtKind::Queue { queue, .. } => queue.drain(..).collect(),
+                _ => continue,
+            };
+            let workload = old.nodes[leaf].owner.clone().unwrap_or_default();
+            let target = new.leaves.get(&workload).copied().flatten();
+            for id in queued {
+                let Some(waiting) = old.waiting.remove(&id) else {
+                    continue;
+                };
+                count_pending(&mut old, leaf, false);
+                // No queue for it any more: dropping its sender fails the wait with
+                // INVALID_SCHEDULER_NODE, as ClickHouse's purge does.
+                let Some(target) = target else { continue };
+                let new_id = new.next_id;
+                new.next_id += 1;
+                if let RtKind::Queue { queue, .. } = &mut new.nodes[target].kind {
+                    queue.push_back(new_id);
+                }
+                count_pending(&mut new, target, true);
+                new.waiting.insert(
+                    new_id,
+                    Waiting {
+                        leaf: target,
+                        ..waiting
+                    },
+                );
+                moved.insert(id, new_id);
+            }
+        }
+        old.successor = Some(Successor {
+            shared: Arc::downgrade(&next.shared),
+            constraints,
+            moved,
+        });
+        next.shared.dispatch(&mut new);
+        drop(new);
+        drop(old);
+        next
     }
 
     /// Enqueues a request of `cost` for `workload` and returns the future of its grant. Errors
     /// come at once: the workload has children (INVALID_SCHEDULER_NODE), or its queue is full
     /// (SERVER_OVERLOADED). An unknown workload is granted at once, without limits.
     pub fn acquire(&self, workload: &str, cost: i64) -> Result<Acquire> {
-        let shared = &self.shared;
+        let current = self.current();
+        let shared = &current.shared;
         let mut state = shared.lock();
         let leaf = match state.leaves.get(workload) {
             None => return Ok(Acquire::unlimited()),
@@ -255,7 +404,7 @@ impl ResourceScheduler {
         shared.dispatch(&mut state);
         drop(state);
         Ok(Acquire {
-            shared: Some(Arc::downgrade(shared)),
+            shared: Some(shared.clone()),
             id,
             rx: Some(rx),
             queue_path,
@@ -359,6 +508,7 @@ fn add_node(
         priority: node.priority,
         vruntime: 0.0,
         has_fair_parent: fair_parent,
+        owner: workload.map(str::to_string),
         kind,
         stats: NodeStats::default(),
     });
@@ -421,10 +571,11 @@ impl Shared {
             let grant = Grant {
                 constraints,
                 cost: waiting.cost,
+                owner: Arc::downgrade(self),
             };
             if let Err(grant) = waiting.grant.send(grant) {
                 // The future is gone (its drop is waiting for this lock): release in place.
-                release_locked(state, &grant);
+                release_locked(state, &grant.constraints, grant.cost);
             }
         }
         self.arm_timer(state, now);
@@ -452,18 +603,32 @@ impl Shared {
         });
     }
 
-    fn release(self: &Arc<Self>, grant: &Grant) {
-        let mut state = self.lock();
-        release_locked(&mut state, grant);
-        self.dispatch(&mut state);
+    /// Gives back what a grant holds here, and in every successor that took its counts over.
+    fn release(self: &Arc<Self>, constraints: &[usize], cost: i64) {
+        let mut at = Some(self.clone());
+        let mut constraints = constraints.to_vec();
+        while let Some(shared) = at.take() {
+            let mut state = shared.lock();
+            release_locked(&mut state, &constraints, cost);
+            shared.dispatch(&mut state);
+            if let Some(next) = &state.successor {
+                constraints = constraints
+                    .iter()
+                    .filter_map(|c| next.constraints.get(c).copied())
+                    .collect();
+                if !constraints.is_empty() {
+                    at = next.shared.upgrade();
+                }
+            }
+        }
     }
 }
 
-fn release_locked(state: &mut State, grant: &Grant) {
-    for &c in &grant.constraints {
+fn release_locked(state: &mut State, constraints: &[usize], released_cost: i64) {
+    for &c in constraints {
         if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
             *requests -= 1;
-            *cost -= grant.cost;
+            *cost -= released_cost;
         }
     }
 }
@@ -636,7 +801,9 @@ fn has_waiting(state: &State, n: usize) -> bool {
 /// releases the grant.
 #[derive(Debug)]
 pub struct Acquire {
-    shared: Option<Weak<Shared>>,
+    /// The scheduler it was queued in (kept alive while the request may still be followed to
+    /// a successor's queue).
+    shared: Option<Arc<Shared>>,
     id: u64,
     rx: Option<oneshot::Receiver<Grant>>,
     queue_path: String,
@@ -681,9 +848,9 @@ impl Future for Acquire {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(grant)) => {
                 self.rx = None;
-                let shared = self.shared.take().and_then(|w| w.upgrade());
+                self.shared = None;
                 Poll::Ready(Ok(Permit {
-                    shared,
+                    shared: grant.owner.upgrade(),
                     grant: Some(grant),
                 }))
             }
@@ -700,27 +867,42 @@ impl Future for Acquire {
 
 impl Drop for Acquire {
     fn drop(&mut self) {
-        let (Some(mut rx), Some(shared)) =
-            (self.rx.take(), self.shared.take().and_then(|w| w.upgrade()))
-        else {
+        let (Some(mut rx), Some(mut shared)) = (self.rx.take(), self.shared.take()) else {
             return;
         };
-        let mut state = shared.lock();
-        if let Some(waiting) = state.waiting.remove(&self.id) {
-            let leaf = waiting.leaf;
-            let node = &mut state.nodes[leaf];
-            if let RtKind::Queue { queue, .. } = &mut node.kind {
-                queue.retain(|&id| id != self.id);
+        // Follow the request if it moved to a successor's queue.
+        let mut id = self.id;
+        loop {
+            let mut state = shared.lock();
+            if let Some(waiting) = state.waiting.remove(&id) {
+                let leaf = waiting.leaf;
+                let node = &mut state.nodes[leaf];
+                if let RtKind::Queue { queue, .. } = &mut node.kind {
+                    queue.retain(|&queued| queued != id);
+                }
+                node.stats.canceled_requests += 1;
+                node.stats.canceled_cost += waiting.cost;
+                count_pending(&mut state, leaf, false);
+                return;
             }
-            node.stats.canceled_requests += 1;
-            node.stats.canceled_cost += waiting.cost;
-            count_pending(&mut state, leaf, false);
-            return;
+            let next = state.successor.as_ref().and_then(|s| {
+                let moved_to = *s.moved.get(&id)?;
+                Some((s.shared.upgrade()?, moved_to))
+            });
+            drop(state);
+            match next {
+                Some((successor, moved_to)) => {
+                    shared = successor;
+                    id = moved_to;
+                }
+                None => break,
+            }
         }
-        // Granted before anyone polled: give it back.
+        // Granted before anyone polled: give it back where it was granted.
         if let Ok(grant) = rx.try_recv() {
-            release_locked(&mut state, &grant);
-            shared.dispatch(&mut state);
+            if let Some(owner) = grant.owner.upgrade() {
+                owner.release(&grant.constraints, grant.cost);
+            }
         }
     }
 }
@@ -742,7 +924,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let (Some(shared), Some(grant)) = (self.shared.take(), self.grant.take()) {
-            shared.release(&grant);
+            shared.release(&grant.constraints, grant.cost);
         }
     }
 }

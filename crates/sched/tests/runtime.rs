@@ -24,6 +24,17 @@ fn scheduler(ddl: &str) -> ResourceScheduler {
     ResourceScheduler::new(trees.tree("q").expect("tree q"), Arc::new(TokioClock))
 }
 
+/// The tree of QUERY resource `q` for the catalog `ddl` builds.
+fn tree(ddl: &str) -> sluice_sched::ResourceTree {
+    let mut catalog = Catalog::new();
+    for item in parse_script(&format!("CREATE RESOURCE q (QUERY); {ddl}")) {
+        let stmt = item.result.expect("parses");
+        catalog.apply_mut(&stmt).expect("applies");
+    }
+    let trees = compile(&catalog, MACHINE).expect("compiles");
+    trees.tree("q").expect("tree q").clone()
+}
+
 /// Lets spawned timers and woken tasks run.
 async fn settle() {
     for _ in 0..10 {
@@ -396,4 +407,143 @@ async fn contention_on_real_threads_never_exceeds_the_cap_and_leaks_nothing() {
         "peak {peak}, granted {}, abandoned while waiting {canceled}",
         semaphore.stats.dequeued_requests
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_tree_takes_over_what_is_in_flight_and_waiting() {
+    let before = "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2; \
+                  CREATE WORKLOAD a IN all; CREATE WORKLOAD b IN all";
+    let old = scheduler(before);
+    let mut held: Vec<Permit> = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            old.acquire("a", 1)
+                .expect("enqueues")
+                .await
+                .expect("granted"),
+        );
+    }
+    let mut waits: Vec<_> = (0..4)
+        .map(|i| {
+            old.acquire(if i < 3 { "a" } else { "b" }, 1)
+                .expect("enqueues")
+        })
+        .collect();
+    assert!(waits.iter_mut().all(|w| !w.is_granted()));
+
+    // The limit goes up to 3: one more may run, not three more (the two in flight count).
+    let new = old.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 3; \
+         CREATE WORKLOAD a IN all; CREATE WORKLOAD b IN all",
+    ));
+    let granted: Vec<bool> = waits.iter_mut().map(|w| w.is_granted()).collect();
+    assert_eq!(granted.iter().filter(|g| **g).count(), 1, "{granted:?}");
+    assert_eq!(
+        node(&new.nodes(), "/all/semaphore").inflight_requests,
+        Some(3)
+    );
+    assert_eq!(old.waiting(), 0, "the old scheduler keeps nothing waiting");
+    assert_eq!(new.waiting(), 3);
+    // Requests sent to the old scheduler go to the new one.
+    let mut late = old.acquire("b", 1).expect("forwarded");
+    assert!(!late.is_granted());
+    assert_eq!(new.waiting(), 4);
+    drop(late);
+    assert_eq!(new.waiting(), 3);
+
+    // A permit of the old tree, released, frees a slot in the new one.
+    held.remove(0);
+    let granted: Vec<bool> = waits.iter_mut().map(|w| w.is_granted()).collect();
+    assert_eq!(granted.iter().filter(|g| **g).count(), 2, "{granted:?}");
+    // A moved waiter that is cancelled leaves the new queue.
+    let last = waits.pop().expect("b waits");
+    drop(last);
+    assert_eq!(new.waiting(), 1);
+
+    // The limit drops to 1, and workload b disappears.
+    let newer = new.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; CREATE WORKLOAD a IN all",
+    ));
+    let mut permits = Vec::new();
+    for w in waits.drain(..) {
+        let mut w = w;
+        if w.is_granted() {
+            permits.push(w.await.expect("granted"));
+        } else {
+            // Still waiting in the newest tree, behind 1 + 2 in flight.
+            assert_eq!(newer.waiting(), 1);
+            assert_eq!(
+                node(&newer.nodes(), "/all/semaphore").inflight_requests,
+                Some(3)
+            );
+            // Releases anywhere in the chain reach the newest tree: three must go before it runs.
+            held.clear();
+            assert!(!w.is_granted());
+            permits.remove(0);
+            assert!(!w.is_granted());
+            permits.clear();
+            settle().await;
+            let p = w.await.expect("granted at last");
+            assert_eq!(
+                node(&newer.nodes(), "/all/semaphore").inflight_requests,
+                Some(1)
+            );
+            drop(p);
+        }
+    }
+    assert_idle(&newer);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_whose_workload_is_gone_fail_and_a_retired_resource_fails_its_waiters() {
+    let old = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; CREATE WORKLOAD gone IN all; \
+         CREATE WORKLOAD stays IN all",
+    );
+    let held = old
+        .acquire("stays", 1)
+        .expect("enqueues")
+        .await
+        .expect("granted");
+    let gone = old.acquire("gone", 1).expect("enqueues");
+    let stays = old.acquire("stays", 1).expect("enqueues");
+    let new = old.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; CREATE WORKLOAD stays IN all",
+    ));
+    let e = gone.await.expect_err("its queue is gone");
+    assert_eq!(e.code, ErrorCode::InvalidSchedulerNode);
+    assert_eq!(new.waiting(), 1);
+    new.retire();
+    let e = stays.await.expect_err("resource retired");
+    assert_eq!(e.code, ErrorCode::InvalidSchedulerNode);
+    drop(held);
+    assert_idle(&new);
+    assert_idle(&old);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttler_keeps_its_tokens_across_a_change() {
+    let old =
+        scheduler("CREATE WORKLOAD all SETTINGS max_queries_per_second = 1, max_burst_queries = 2");
+    // The burst (2, plus ClickHouse's one in debt) is spent.
+    for _ in 0..3 {
+        drop(
+            old.acquire("all", 1)
+                .expect("enqueues")
+                .await
+                .expect("granted"),
+        );
+    }
+    let mut next = old.acquire("all", 1).expect("enqueues");
+    assert!(!next.is_granted());
+    // A change that keeps the rate must not hand out a fresh burst.
+    let new = old.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_queries_per_second = 1, max_burst_queries = 5",
+    ));
+    assert!(!next.is_granted(), "a catalog change refilled the bucket");
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    settle().await;
+    assert!(next.is_granted());
+    drop(next);
+    drop(new);
 }

@@ -294,31 +294,44 @@ impl Drop for ProcessGuard {
 }
 
 /// A scheduler per QUERY resource. A tree that did not change keeps its scheduler (and with it
-/// the queries waiting and running in it); a changed tree starts a new one, and what the old one
-/// holds finishes there.
+/// the queries waiting and running in it); a changed tree gets a new scheduler that takes over
+/// the old one's waiting queries and in-flight counts ([`ResourceScheduler::succeed`]); the
+/// scheduler of a resource that is gone fails its waiting queries.
 fn schedulers(
     trees: &SchedulerTrees,
     previous: Option<&Snapshot>,
 ) -> BTreeMap<String, ResourceScheduler> {
     let mut out = BTreeMap::new();
     for tree in trees.trees.iter().filter(|t| t.unit == CostUnit::QuerySlot) {
-        let unchanged = previous
-            .and_then(|p| {
-                Some((
-                    p.trees.tree(&tree.resource)?,
-                    p.schedulers.get(&tree.resource)?,
-                ))
-            })
-            .filter(|(old, _)| match (&old.root, &tree.root) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (None, None) => true,
-                _ => false,
-            });
-        let scheduler = match unchanged {
-            Some((_, s)) => s.clone(),
+        let old = previous.and_then(|p| {
+            Some((
+                p.trees.tree(&tree.resource)?,
+                p.schedulers.get(&tree.resource)?,
+            ))
+        });
+        let scheduler = match old {
+            Some((old_tree, scheduler)) => {
+                let unchanged = match (&old_tree.root, &tree.root) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if unchanged {
+                    scheduler.clone()
+                } else {
+                    scheduler.succeed(tree)
+                }
+            }
             None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
         };
         out.insert(tree.resource.clone(), scheduler);
+    }
+    if let Some(previous) = previous {
+        for (resource, scheduler) in &previous.schedulers {
+            if !out.contains_key(resource) {
+                scheduler.retire();
+            }
+        }
     }
     out
 }

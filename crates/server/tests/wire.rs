@@ -391,3 +391,49 @@ async fn queries_per_second_are_limited_to_burst_plus_rate() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_live_limit_change_takes_over_waiting_and_running_queries() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE q (QUERY);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD w IN all",
+        false,
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            client
+                .simple_query("SELECT pg_sleep(0.6) SETTINGS workload = 'w'")
+                .await
+                .map(|_| ())
+        }));
+    }
+    until_waiting(&admin, 2).await;
+    let running =
+        "SELECT count(*) FROM system.processes WHERE state = 'running' AND workload = 'w'";
+    assert_eq!(column(&admin, running).await, ["1"]);
+    // Raised to 2: one of the two waiting starts, the other keeps waiting (the running query
+    // still counts against the new limit).
+    admin
+        .batch_execute("CREATE OR REPLACE WORKLOAD all SETTINGS max_concurrent_queries = 2")
+        .await
+        .expect("raise");
+    until_waiting(&admin, 1).await;
+    assert_eq!(column(&admin, running).await, ["2"]);
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT inflight_requests FROM system.scheduler WHERE path = '/all/semaphore'"
+        )
+        .await,
+        ["2"]
+    );
+    for t in tasks {
+        t.await.expect("task").expect("query");
+    }
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}

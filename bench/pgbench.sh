@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# SELECT 1 through pgbench, side by side: sluice (release build, embedded engine) and the
+# machine's PostgreSQL, in one run on this machine. For each protocol (simple, extended) and
+# client count (1, 16, 64): TPS, p50 and p99 latency, and sluice's ratio to PostgreSQL.
+#
+#   bench/pgbench.sh [SECONDS_PER_RUN]      (default 10)
+#
+# Needs pgbench and PostgreSQL's server binaries (initdb, pg_ctl, postgres) on PATH or in
+# /usr/local/bin or /usr/lib/postgresql/*/bin. Everything runs on loopback, in a temp dir.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-10}"
+export PATH="$PATH:/usr/local/bin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
+for tool in pgbench initdb pg_ctl; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
+done
+
+work="$(mktemp -d)"
+pg_port=54329
+sluice_port=6549
+cleanup() {
+  [ -n "${sluice_pid:-}" ] && kill "$sluice_pid" 2>/dev/null && wait "$sluice_pid" 2>/dev/null || true
+  pg_ctl -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== building sluice (release)" >&2
+cargo build --release --quiet --bin sluice
+target="${CARGO_TARGET_DIR:-target}"
+
+echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
+# initdb refuses to run as root; run the cluster as a regular user when we are root.
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
+if [ "$(id -u)" = 0 ]; then
+  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+  chown postgres "$work"; chmod 755 "$work"
+fi
+as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
+as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
+  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB\" start >/dev/null"
+
+echo "== starting sluice" >&2
+"$target/release/sluice" serve --listen "127.0.0.1:$sluice_port" --data-dir "$work/sluice" \
+  2>"$work/sluice.log" &
+sluice_pid=$!
+for _ in $(seq 100); do
+  grep -q "listening on" "$work/sluice.log" 2>/dev/null && break
+  sleep 0.1
+done
+# The admission path as it is in production: SELECT 1 goes through a QUERY resource.
+psql -X -q -h 127.0.0.1 -p "$sluice_port" -U bench -d bench \
+  -c "CREATE RESOURCE slots (QUERY)" \
+  -c "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000" >/dev/null
+echo 'SELECT 1;' > "$work/select1.sql"
+
+# run PORT MODE CLIENTS -> "tps p50_ms p99_ms"
+run() {
+  local port=$1 mode=$2 clients=$3 threads
+  threads=$(( clients < 2 ? 1 : 2 ))
+  rm -f "$work"/log.*
+  local out
+  out=$(cd "$work" && PGOPTIONS="$( [ "$port" = "$sluice_port" ] && echo '-c workload=all' )" \
+    pgbench -n -M "$mode" -c "$clients" -j "$threads" -T "$seconds" -f select1.sql \
+      -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log bench 2>&1)
+  local tps
+  tps=$(echo "$out" | awk '/^tps = / {print $3}')
+  # Per-transaction log: client xact latency_us script epoch epoch_us.
+  cat "$work"/log.* | awk '{print $3}' | sort -n > "$work/lat"
+  local n p50 p99
+  n=$(wc -l < "$work/lat")
+  p50=$(awk -v n="$n" 'NR == int(n * 0.50) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  p99=$(awk -v n="$n" 'NR == int(n * 0.99) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  echo "$tps $p50 $p99"
+}
+
+echo
+echo "pgbench SELECT 1, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
+echo
+echo "| protocol | clients | PostgreSQL TPS | sluice TPS | TPS ratio | PG p50 ms | sluice p50 ms | PG p99 ms | sluice p99 ms |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for mode in simple extended; do
+  for clients in 1 16 64; do
+    read -r pg_tps pg_p50 pg_p99 < <(run "$pg_port" "$mode" "$clients")
+    read -r sl_tps sl_p50 sl_p99 < <(run "$sluice_port" "$mode" "$clients")
+    ratio=$(awk -v a="$sl_tps" -v b="$pg_tps" 'BEGIN {printf "%.0f%%", 100 * a / b}')
+    printf "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n" \
+      "$mode" "$clients" "$pg_tps" "$sl_tps" "$ratio" "$pg_p50" "$sl_p50" "$pg_p99" "$sl_p99"
+  done
+done
