@@ -137,12 +137,13 @@ impl Session {
             }
             _ => self.ctx.clone(),
         };
-        let mut df = ctx.sql(sql).await?;
+        let (plan, names) = plan(&ctx.state(), sql).await?;
+        let mut df = ctx.execute_logical_plan(plan).await?;
         if !params.is_empty() {
             df = df.with_param_values(params)?;
         }
         let kind = first_keyword(sql);
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let schema = postgres_names(df.schema().as_arrow(), names);
         let batches = df.collect().await?;
         Ok(match kind.as_str() {
             "SELECT" | "WITH" | "VALUES" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "TABLE" => {
@@ -179,8 +180,8 @@ impl Session {
     /// The result columns of a statement, planned but not run (DDL is not executed); `None`
     /// for a statement that returns no rows.
     pub async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>, DataFusionError> {
-        let plan = self.ctx.state().create_logical_plan(sql).await?;
-        let schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let (plan, names) = plan(&self.ctx.state(), sql).await?;
+        let schema = postgres_names(plan.schema().as_arrow(), names);
         Ok((!schema.fields().is_empty()).then_some(schema))
     }
 
@@ -205,6 +206,85 @@ impl Session {
             }
         }
         Ok(out)
+    }
+}
+
+/// Parses and plans one statement; also returns the Postgres names of its result columns.
+async fn plan(
+    state: &datafusion::execution::session_state::SessionState,
+    sql: &str,
+) -> Result<
+    (
+        datafusion::logical_expr::LogicalPlan,
+        Option<Vec<Option<String>>>,
+    ),
+    DataFusionError,
+> {
+    let dialect = state.config().options().sql_parser.dialect;
+    let statement = state.sql_to_statement(sql, &dialect)?;
+    let names = column_names(&statement);
+    Ok((state.statement_to_plan(statement).await?, names))
+}
+
+/// What Postgres would call each result column of a plain `SELECT` where DataFusion's name is
+/// an expression's text: a function's name (`count`), a cast column's name, else `?column?`.
+/// `None` for an item DataFusion already names as Postgres does (aliases, columns), and for
+/// statements whose columns do not map one to one (wildcards, set operations).
+fn column_names(statement: &datafusion::sql::parser::Statement) -> Option<Vec<Option<String>>> {
+    use datafusion::sql::sqlparser::ast::{Expr, SelectItem, SetExpr, Statement};
+    fn name(expr: &Expr) -> Option<String> {
+        match expr {
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => None,
+            Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_lowercase()),
+            Expr::Cast { expr, .. } | Expr::Nested(expr) => match expr.as_ref() {
+                Expr::Identifier(i) => Some(i.value.clone()),
+                Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+                inner => name(inner),
+            },
+            _ => Some("?column?".to_string()),
+        }
+    }
+    let datafusion::sql::parser::Statement::Statement(statement) = statement else {
+        return None;
+    };
+    let Statement::Query(query) = statement.as_ref() else {
+        return None;
+    };
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Some(name(e)),
+            SelectItem::ExprWithAlias { .. } => Some(None),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The result schema with the Postgres names of [`column_names`] where they apply.
+fn postgres_names(
+    schema: &datafusion::arrow::datatypes::Schema,
+    names: Option<Vec<Option<String>>>,
+) -> SchemaRef {
+    match names {
+        Some(names) if names.len() == schema.fields().len() => Arc::new(
+            datafusion::arrow::datatypes::Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .zip(names)
+                    .map(|(f, n)| match n {
+                        Some(n) => Arc::new(f.as_ref().clone().with_name(n)),
+                        None => f.clone(),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .with_metadata(schema.metadata().clone()),
+        ),
+        _ => Arc::new(schema.clone()),
     }
 }
 
@@ -370,6 +450,37 @@ mod tests {
         }
         assert!(show(&a).await.contains('7'));
         assert!(!show(&b).await.contains("\"7\""));
+    }
+
+    #[tokio::test]
+    async fn result_columns_are_named_as_postgres_names_them() {
+        let s = Engine::new().session();
+        s.execute("CREATE TABLE n (x INT)", None, vec![])
+            .await
+            .expect("create");
+        let names = |sql: &'static str| {
+            let s = &s;
+            async move {
+                let schema = s.describe(sql).await.expect("plans").expect("rows");
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(
+            names("SELECT 1, x, count(*) AS c, upper('a') FROM n GROUP BY x").await,
+            ["?column?", "x", "c", "upper"]
+        );
+        assert_eq!(names("SELECT CAST(x AS BIGINT) FROM n").await, ["x"]);
+        assert_eq!(names("SELECT count(*) FROM n").await, ["count"]);
+        assert_eq!(names("SELECT * FROM n").await, ["x"]);
+        let out = s.execute("SELECT 1 + 1", None, vec![]).await.expect("runs");
+        let QueryOutput::Rows { schema, .. } = out else {
+            panic!("rows")
+        };
+        assert_eq!(schema.field(0).name(), "?column?");
     }
 
     #[tokio::test(start_paused = true)]
