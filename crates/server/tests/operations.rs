@@ -162,43 +162,26 @@ async fn client_with_notices(port: u16) -> (Client, tokio::sync::mpsc::Unbounded
 
 #[tokio::test]
 async fn a_waiting_query_is_told_where_it_waits() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(options(dir.path())).await;
-    let admin = server.client().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE slots (QUERY); \
-             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
-             CREATE WORKLOAD reports IN all",
-        )
-        .await
-        .expect("ddl");
-    let runner = server.client().await;
-    let running = tokio::spawn(async move {
-        runner
-            .simple_query("SELECT pg_sleep(0.3) SETTINGS workload = 'reports'")
-            .await
-            .map(|_| ())
-    });
+    let (_dir, server, admin) = one_slot(Duration::from_secs(30)).await;
+    let running = spawn_query(&server, "SELECT pg_sleep(0.3) SETTINGS workload = 'w'").await;
     until_running(&admin, 1).await;
     let (waiter, mut notices) = client_with_notices(server.port).await;
     let rows = waiter
-        .simple_query("SELECT 42 SETTINGS workload = 'reports'")
+        .simple_query("SELECT 42 SETTINGS workload = 'w'")
         .await
         .expect("runs after waiting");
     assert_eq!(rows.len(), 3, "row description, one row, command complete");
     let notice = notices.recv().await.expect("a notice");
     assert!(
-        notice.starts_with(
-            "waiting for resource 'slots' in workload 'reports' (queue /all/semaphore/reports/fifo)"
-        ),
+        notice
+            .starts_with("waiting for resource 'q' in workload 'w' (queue /all/semaphore/w/fifo)"),
         "{notice}"
     );
     assert!(notice.contains("query_id"), "{notice}");
     running.await.expect("task").expect("slow query");
     // A query admitted at once gets no notice.
     waiter
-        .simple_query("SELECT 1 SETTINGS workload = 'reports'")
+        .simple_query("SELECT 1 SETTINGS workload = 'w'")
         .await
         .expect("runs");
     assert!(notices.try_recv().is_err(), "no notice without waiting");
@@ -221,33 +204,33 @@ async fn until_running(client: &Client, n: usize) {
     panic!("never saw {n} running statements");
 }
 
-#[tokio::test]
-async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
-    let ddl = "CREATE RESOURCE q (QUERY); \
-               CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
-               CREATE WORKLOAD w IN all";
-    // A generous grace: the running query finishes, the waiting one fails with 57P01.
+/// A server with one query slot in workload `w` and the given grace period.
+async fn one_slot(grace: Duration) -> (tempfile::TempDir, TestServer, Client) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
-        shutdown_grace: Duration::from_secs(20),
+        shutdown_grace: grace,
         ..options(dir.path())
     })
     .await;
     let admin = server.client().await;
-    admin.batch_execute(ddl).await.expect("ddl");
-    let runner = server.client().await;
-    let running = tokio::spawn(async move {
-        runner
-            .simple_query("SELECT pg_sleep(0.5) AS slept SETTINGS workload = 'w'")
-            .await
-    });
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); \
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1; \
+             CREATE WORKLOAD w IN all",
+        )
+        .await
+        .expect("ddl");
+    (dir, server, admin)
+}
+
+#[tokio::test]
+async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
+    // A generous grace: the running query finishes, the waiting one fails with 57P01.
+    let (_dir, server, admin) = one_slot(Duration::from_secs(20)).await;
+    let running = spawn_query(&server, "SELECT pg_sleep(0.5) SETTINGS workload = 'w'").await;
     until_running(&admin, 1).await;
-    let waiter = server.client().await;
-    let waiting = tokio::spawn(async move {
-        waiter
-            .simple_query("SELECT 2 SETTINGS workload = 'w'")
-            .await
-    });
+    let waiting = spawn_query(&server, "SELECT 2 SETTINGS workload = 'w'").await;
     until_waiting(&admin, 1).await;
     let idle = server.client().await;
     let stopped = server.begin_stop();
@@ -265,20 +248,8 @@ async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
     stopped.await.expect("drained");
 
     // A short grace: the running query is stopped, with 57P01.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(ServerOptions {
-        shutdown_grace: Duration::from_millis(200),
-        ..options(dir.path())
-    })
-    .await;
-    let admin = server.client().await;
-    admin.batch_execute(ddl).await.expect("ddl");
-    let runner = server.client().await;
-    let running = tokio::spawn(async move {
-        runner
-            .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'w'")
-            .await
-    });
+    let (_dir, server, admin) = one_slot(Duration::from_millis(200)).await;
+    let running = spawn_query(&server, "SELECT pg_sleep(60) SETTINGS workload = 'w'").await;
     until_running(&admin, 1).await;
     server.begin_stop().await.expect("drained");
     let e = running.await.expect("task").expect_err("stopped");
@@ -323,20 +294,9 @@ async fn metrics_count_admissions_rejections_and_waits() {
             .await
             .expect("runs");
     }
-    let runner = server.client().await;
-    let running = tokio::spawn(async move {
-        runner
-            .simple_query("SELECT pg_sleep(0.3) SETTINGS workload = 'w'")
-            .await
-            .map(|_| ())
-    });
+    let running = spawn_query(&server, "SELECT pg_sleep(0.3) SETTINGS workload = 'w'").await;
     until_running(&admin, 1).await;
-    let waiter = server.client().await;
-    let waiting = tokio::spawn(async move {
-        waiter
-            .simple_query("SELECT 2 SETTINGS workload = 'w'")
-            .await
-    });
+    let waiting = spawn_query(&server, "SELECT 2 SETTINGS workload = 'w'").await;
     until_waiting(&admin, 1).await;
     let during = scrape(metrics_port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(during.starts_with("HTTP/1.1 200 OK"), "{during}");

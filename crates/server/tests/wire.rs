@@ -403,13 +403,7 @@ async fn a_live_limit_change_takes_over_waiting_and_running_queries() {
     .await;
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let client = server.client().await;
-        tasks.push(tokio::spawn(async move {
-            client
-                .simple_query("SELECT pg_sleep(0.6) SETTINGS workload = 'w'")
-                .await
-                .map(|_| ())
-        }));
+        tasks.push(spawn_query(&server, "SELECT pg_sleep(0.6) SETTINGS workload = 'w'").await);
     }
     until_waiting(&admin, 2).await;
     let running =

@@ -88,6 +88,16 @@ impl TestServer {
     }
 }
 
+/// Runs `sql` on a connection of its own, in a task of its own.
+pub async fn spawn_query(
+    server: &TestServer,
+    sql: &str,
+) -> tokio::task::JoinHandle<Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>> {
+    let client = server.client().await;
+    let sql = sql.to_string();
+    tokio::spawn(async move { client.simple_query(&sql).await })
+}
+
 /// The first column of every row of a simple query, as text.
 pub async fn column(client: &Client, sql: &str) -> Vec<String> {
     client
