@@ -16,12 +16,15 @@ for tool in pgbench initdb pg_ctl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
 done
 
+# initdb refuses to run as root; run the cluster as a regular user when we are root.
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
+
 work="$(mktemp -d)"
 pg_port=54329
 sluice_port=6549
 cleanup() {
   [ -n "${sluice_pid:-}" ] && kill "$sluice_pid" 2>/dev/null && wait "$sluice_pid" 2>/dev/null || true
-  pg_ctl -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -31,8 +34,6 @@ cargo build --release --quiet --bin sluice
 target="${CARGO_TARGET_DIR:-target}"
 
 echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
-# initdb refuses to run as root; run the cluster as a regular user when we are root.
-as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
 if [ "$(id -u)" = 0 ]; then
   id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
   chown postgres "$work"; chmod 755 "$work"
@@ -63,9 +64,14 @@ run() {
   local out
   out=$(cd "$work" && PGOPTIONS="$( [ "$port" = "$sluice_port" ] && echo '-c workload=all' )" \
     pgbench -n -M "$mode" -c "$clients" -j "$threads" -T "$seconds" -f select1.sql \
-      -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log bench 2>&1)
+      -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log postgres 2>&1 || true)
   local tps
   tps=$(echo "$out" | awk '/^tps = / {print $3}')
+  if [ -z "$tps" ]; then
+    echo "bench: pgbench against port $port ($mode, $clients clients) failed:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
   # Per-transaction log: client xact latency_us script epoch epoch_us.
   cat "$work"/log.* | awk '{print $3}' | sort -n > "$work/lat"
   local n p50 p99

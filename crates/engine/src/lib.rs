@@ -76,6 +76,7 @@ impl Engine {
     pub fn session(&self) -> Session {
         let state = SessionStateBuilder::new_from_existing(self.base.state()).build();
         Session {
+            planning: tokio::sync::Mutex::new(Planning::of(&state)),
             ctx: SessionContext::new_with_state(state),
         }
     }
@@ -112,12 +113,42 @@ impl Engine {
 /// One client's session.
 pub struct Session {
     ctx: SessionContext,
+    /// A copy of the session's state kept for planning queries, and the task context derived
+    /// from it: `SessionContext::state()` clones every function registry, which was most of
+    /// the cost of a small query. Refreshed after any statement that may change the session
+    /// (SET, DDL); tables live in the shared catalogs, so new ones are seen without refresh.
+    /// A connection runs one statement at a time, so the lock is never contended.
+    planning: tokio::sync::Mutex<Planning>,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session").finish_non_exhaustive()
     }
+}
+
+struct Planning {
+    state: datafusion::execution::session_state::SessionState,
+    task: Arc<datafusion::execution::TaskContext>,
+}
+
+impl Planning {
+    fn of(state: &datafusion::execution::session_state::SessionState) -> Planning {
+        Planning {
+            state: state.clone(),
+            task: state.task_ctx(),
+        }
+    }
+}
+
+/// Plans that change nothing but produce rows: run straight from the planning state. Others
+/// (DDL, SET, DML, COPY) go through the `SessionContext`, which knows how to apply them.
+fn is_plain_query(plan: &datafusion::logical_expr::LogicalPlan) -> bool {
+    use datafusion::logical_expr::LogicalPlan as P;
+    !matches!(
+        plan,
+        P::Ddl(_) | P::Statement(_) | P::Dml(_) | P::Copy(_) | P::DescribeTable(_)
+    )
 }
 
 impl Session {
@@ -129,22 +160,43 @@ impl Session {
         target_partitions: Option<usize>,
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput, DataFusionError> {
-        let ctx = match target_partitions {
-            Some(n) if n > 0 => {
-                let mut state = self.ctx.state();
-                state.config_mut().options_mut().execution.target_partitions = n;
-                SessionContext::new_with_state(state)
-            }
-            _ => self.ctx.clone(),
-        };
-        let (plan, names) = plan(&ctx.state(), sql).await?;
-        let mut df = ctx.execute_logical_plan(plan).await?;
-        if !params.is_empty() {
-            df = df.with_param_values(params)?;
-        }
         let kind = first_keyword(sql);
-        let schema = postgres_names(df.schema().as_arrow(), names);
-        let batches = df.collect().await?;
+        let mut planning = self.planning.lock().await;
+        let overridden = target_partitions.filter(|&n| {
+            n > 0
+                && n != planning
+                    .state
+                    .config()
+                    .options()
+                    .execution
+                    .target_partitions
+        });
+        if let Some(n) = overridden {
+            let mut state = self.ctx.state();
+            state.config_mut().options_mut().execution.target_partitions = n;
+            *planning = Planning::of(&state);
+        }
+        planning.state.mark_start_execution();
+        let (mut plan, names) = plan(&planning.state, sql).await?;
+        if !params.is_empty() {
+            plan = plan.with_param_values(params)?;
+        }
+        let schema = postgres_names(plan.schema().as_arrow(), names);
+        let batches = if is_plain_query(&plan) {
+            let physical = planning.state.create_physical_plan(&plan).await?;
+            let task = planning.task.clone();
+            if overridden.is_some() {
+                *planning = Planning::of(&self.ctx.state());
+            }
+            drop(planning);
+            datafusion::physical_plan::collect(physical, task).await?
+        } else {
+            drop(planning);
+            let batches = self.ctx.execute_logical_plan(plan).await?.collect().await;
+            // SET and DDL may have changed the session: plan with what it is now.
+            *self.planning.lock().await = Planning::of(&self.ctx.state());
+            batches?
+        };
         Ok(match kind.as_str() {
             "SELECT" | "WITH" | "VALUES" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "TABLE" => {
                 QueryOutput::Rows { schema, batches }
@@ -180,7 +232,8 @@ impl Session {
     /// The result columns of a statement, planned but not run (DDL is not executed); `None`
     /// for a statement that returns no rows.
     pub async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>, DataFusionError> {
-        let (plan, names) = plan(&self.ctx.state(), sql).await?;
+        let planning = self.planning.lock().await;
+        let (plan, names) = plan(&planning.state, sql).await?;
         let schema = postgres_names(plan.schema().as_arrow(), names);
         Ok((!schema.fields().is_empty()).then_some(schema))
     }
@@ -191,7 +244,13 @@ impl Session {
         &self,
         sql: &str,
     ) -> Result<Vec<Option<DataType>>, DataFusionError> {
-        let plan = self.ctx.state().create_logical_plan(sql).await?;
+        let plan = self
+            .planning
+            .lock()
+            .await
+            .state
+            .create_logical_plan(sql)
+            .await?;
         let mut by_index: Vec<(usize, Option<DataType>)> = plan
             .get_parameter_types()?
             .into_iter()
