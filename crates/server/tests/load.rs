@@ -87,40 +87,29 @@ async fn two_hundred_clients_never_exceed_eight_running_and_nothing_leaks() {
                 let sql = format!("SELECT {id} AS client, {n} AS n, pg_sleep(0.002) SETTINGS workload = '{workload}'");
                 sent.fetch_add(1, Ordering::Relaxed);
                 // One client in ten cancels every fifth query of its own, waiting or running.
-                if id % 10 == 0 && n % 5 == 0 {
+                // A cancel request races with its query (as in Postgres): one that arrives
+                // after the query ended may stop a later statement of the same connection.
+                // So these clients accept 57014 on any statement; the others never see it.
+                let cancelling = id % 10 == 0;
+                let canceller = (cancelling && n % 5 == 0).then(|| {
                     let token = client.cancel_token();
-                    let canceller = tokio::spawn(async move {
+                    tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                         let _ = token.cancel_query(NoTls).await;
-                    });
-                    match client.simple_query(&sql).await {
-                        Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
-                        Err(e) => {
-                            assert_eq!(sqlstate(&e), "57014", "{e}");
-                            cancelled.fetch_add(1, Ordering::Relaxed)
-                        }
-                    };
+                    })
+                });
+                let result = client.simple_query(&sql).await;
+                if let Some(canceller) = canceller {
                     let _ = canceller.await;
-                    // A cancel that arrives after its query ended may hit the connection's
-                    // next statement (as in Postgres): resynchronise with a probe that may
-                    // itself be cancelled, and count it like any query.
-                    for attempt in 0.. {
-                        assert!(attempt < 3, "a single cancel request cancelled three statements");
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        match client.simple_query("SELECT 0 AS probe").await {
-                            Ok(_) => {
-                                answered.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            Err(e) => {
-                                assert_eq!(sqlstate(&e), "57014", "{e}");
-                                cancelled.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                    continue;
                 }
-                let rows = client.simple_query(&sql).await.expect("answered");
+                let rows = match result {
+                    Ok(rows) => rows,
+                    Err(e) if cancelling && sqlstate(&e) == "57014" => {
+                        cancelled.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(e) => panic!("client {id}, query {n}: {e}"),
+                };
                 let row = rows
                     .iter()
                     .find_map(|m| match m {
