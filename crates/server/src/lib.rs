@@ -112,6 +112,7 @@ pub async fn serve(
                     cancel: cancel.clone(),
                 });
                 let tls = shared.tls.clone();
+                tracing::debug!("connection from {peer}");
                 tokio::spawn(async move {
                     if let Err(e) = process_socket(socket, tls, handlers).await {
                         tracing::debug!("connection from {peer} ended: {e}");

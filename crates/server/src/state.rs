@@ -178,6 +178,7 @@ impl Shared {
             schedulers,
         });
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+        tracing::info!("catalog changed: {stmt}");
         Ok(())
     }
 
