@@ -13,6 +13,7 @@
 //!
 //! It decides no policy: admission and limits are the server's and the scheduler's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,9 @@ pub enum QueryOutput {
 #[derive(Clone)]
 pub struct Engine {
     base: SessionContext,
+    /// Bumped by anything that may change what a statement plans to: DDL, SET, DML in any
+    /// session, and system-table refreshes. Cached plans of an older generation are dropped.
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -69,13 +73,17 @@ impl Engine {
             .with_default_catalog_and_schema("datafusion", "public");
         let base = SessionContext::new_with_config(config);
         base.register_udf(AsyncScalarUDF::new(Arc::new(PgSleep::new())).into_scalar_udf());
-        Engine { base }
+        Engine {
+            base,
+            generation: Arc::default(),
+        }
     }
 
     /// A new session: shares the catalogs (tables), owns its settings.
     pub fn session(&self) -> Session {
         let state = SessionStateBuilder::new_from_existing(self.base.state()).build();
         Session {
+            generation: self.generation.clone(),
             planning: tokio::sync::Mutex::new(Planning::of(&state)),
             ctx: SessionContext::new_with_state(state),
         }
@@ -106,6 +114,8 @@ impl Engine {
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
         provider.deregister_table(name)?;
         provider.register_table(name.to_string(), Arc::new(table))?;
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }
@@ -119,6 +129,7 @@ pub struct Session {
     /// (SET, DDL); tables live in the shared catalogs, so new ones are seen without refresh.
     /// A connection runs one statement at a time, so the lock is never contended.
     planning: tokio::sync::Mutex<Planning>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Session {
@@ -130,15 +141,71 @@ impl std::fmt::Debug for Session {
 struct Planning {
     state: datafusion::execution::session_state::SessionState,
     task: Arc<datafusion::execution::TaskContext>,
+    /// Optimized plans of plain queries by statement text (see [`cacheable`]).
+    cache: HashMap<String, CachedPlan>,
 }
+
+struct CachedPlan {
+    generation: u64,
+    plan: datafusion::logical_expr::LogicalPlan,
+    names: Option<Vec<Option<String>>>,
+}
+
+/// Plans kept per session; past this many the cache starts afresh.
+const PLAN_CACHE_ENTRIES: usize = 256;
 
 impl Planning {
     fn of(state: &datafusion::execution::session_state::SessionState) -> Planning {
         Planning {
             state: state.clone(),
             task: state.task_ctx(),
+            cache: HashMap::new(),
         }
     }
+}
+
+/// Whether an optimized plan may be reused for the same text: no placeholders, and only
+/// immutable functions (the optimizer folds `now()` and friends into constants, so a plan
+/// with a stable or volatile function is only right for the moment it was made).
+fn cacheable(plan: &datafusion::logical_expr::LogicalPlan) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::{Expr, LogicalPlan as P};
+    if matches!(plan, P::Explain(_) | P::Analyze(_)) {
+        return false;
+    }
+    let mut ok = true;
+    let _ = plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                let fixed = match e {
+                    Expr::Placeholder(_) => false,
+                    Expr::ScalarFunction(f) => {
+                        f.func.signature().volatility == Volatility::Immutable
+                    }
+                    _ => true,
+                };
+                if !fixed {
+                    ok = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        Ok(if ok {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    ok
+}
+
+/// Statements whose first keyword says they answer with rows.
+fn is_rows(kind: &str) -> bool {
+    matches!(
+        kind,
+        "SELECT" | "WITH" | "VALUES" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "TABLE"
+    )
 }
 
 /// Plans that change nothing but produce rows: run straight from the planning state. Others
@@ -177,13 +244,48 @@ impl Session {
             *planning = Planning::of(&state);
         }
         planning.state.mark_start_execution();
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        let use_cache = params.is_empty() && overridden.is_none();
+        let cached = use_cache
+            .then(|| planning.cache.get(sql))
+            .flatten()
+            .filter(|c| c.generation == generation)
+            .map(|c| (c.plan.clone(), c.names.clone()));
+        if let Some((optimized, names)) = cached {
+            let schema = postgres_names(optimized.schema().as_arrow(), names);
+            let planner = planning.state.query_planner().clone();
+            let physical = planner
+                .create_physical_plan(&optimized, &planning.state)
+                .await?;
+            let task = planning.task.clone();
+            drop(planning);
+            let batches = datafusion::physical_plan::collect(physical, task).await?;
+            return Ok(QueryOutput::Rows { schema, batches });
+        }
         let (mut plan, names) = plan(&planning.state, sql).await?;
         if !params.is_empty() {
             plan = plan.with_param_values(params)?;
         }
-        let schema = postgres_names(plan.schema().as_arrow(), names);
+        let schema = postgres_names(plan.schema().as_arrow(), names.clone());
         let batches = if is_plain_query(&plan) {
-            let physical = planning.state.create_physical_plan(&plan).await?;
+            let optimized = planning.state.optimize(&plan)?;
+            if use_cache && is_rows(&kind) && cacheable(&plan) {
+                if planning.cache.len() >= PLAN_CACHE_ENTRIES {
+                    planning.cache.clear();
+                }
+                planning.cache.insert(
+                    sql.to_string(),
+                    CachedPlan {
+                        generation,
+                        plan: optimized.clone(),
+                        names,
+                    },
+                );
+            }
+            let planner = planning.state.query_planner().clone();
+            let physical = planner
+                .create_physical_plan(&optimized, &planning.state)
+                .await?;
             let task = planning.task.clone();
             if overridden.is_some() {
                 *planning = Planning::of(&self.ctx.state());
@@ -192,15 +294,17 @@ impl Session {
             datafusion::physical_plan::collect(physical, task).await?
         } else {
             drop(planning);
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let batches = self.ctx.execute_logical_plan(plan).await?.collect().await;
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // SET and DDL may have changed the session: plan with what it is now.
             *self.planning.lock().await = Planning::of(&self.ctx.state());
             batches?
         };
         Ok(match kind.as_str() {
-            "SELECT" | "WITH" | "VALUES" | "SHOW" | "EXPLAIN" | "DESCRIBE" | "TABLE" => {
-                QueryOutput::Rows { schema, batches }
-            }
+            k if is_rows(k) => QueryOutput::Rows { schema, batches },
             "INSERT" => QueryOutput::Command {
                 tag: "INSERT 0".into(),
                 rows: Some(count(&batches)),
@@ -233,6 +337,16 @@ impl Session {
     /// for a statement that returns no rows.
     pub async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>, DataFusionError> {
         let planning = self.planning.lock().await;
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some(c) = planning
+            .cache
+            .get(sql)
+            .filter(|c| c.generation == generation)
+        {
+            // A cached plan's columns are the statement's (drivers Describe before each run).
+            let schema = postgres_names(c.plan.schema().as_arrow(), c.names.clone());
+            return Ok((!schema.fields().is_empty()).then_some(schema));
+        }
         let (plan, names) = plan(&planning.state, sql).await?;
         let schema = postgres_names(plan.schema().as_arrow(), names);
         Ok((!schema.fields().is_empty()).then_some(schema))
@@ -540,6 +654,45 @@ mod tests {
             panic!("rows")
         };
         assert_eq!(schema.field(0).name(), "?column?");
+    }
+
+    async fn text(s: &Session, sql: &str) -> String {
+        match s.execute(sql, None, vec![]).await.expect(sql) {
+            QueryOutput::Rows { batches, .. } => {
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                    .expect("formats")
+                    .to_string()
+            }
+            QueryOutput::Command { tag, .. } => tag,
+        }
+    }
+
+    #[tokio::test]
+    async fn cached_plans_never_serve_stale_tables_or_times() {
+        let engine = Engine::new();
+        let (a, b) = (engine.session(), engine.session());
+        text(&a, "CREATE TABLE c (x INT)").await;
+        text(&a, "INSERT INTO c VALUES (1)").await;
+        let q = "SELECT sum(x) AS s FROM c";
+        assert!(text(&a, q).await.contains("| 1 "));
+        assert!(a.planning.lock().await.cache.contains_key(q), "cached");
+        // New rows, from another session: the cached plan reads the table as it is.
+        text(&b, "INSERT INTO c VALUES (41)").await;
+        assert!(text(&a, q).await.contains("| 42 "));
+        // The table replaced by another with other columns: planned again.
+        text(&b, "DROP TABLE c").await;
+        text(&b, "CREATE TABLE c (x BIGINT, y INT)").await;
+        text(&b, "INSERT INTO c VALUES (7, 0)").await;
+        assert!(text(&a, q).await.contains("| 7 "));
+        text(&b, "DROP TABLE c").await;
+        let e = a.execute(q, None, vec![]).await.expect_err("table gone");
+        assert!(e.to_string().contains("not found"), "{e}");
+        // Time-dependent queries are never cached (the optimizer folds now()).
+        let t = "SELECT now() AS t";
+        let first = text(&a, t).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_ne!(text(&a, t).await, first);
+        assert!(!a.planning.lock().await.cache.contains_key(t));
     }
 
     #[tokio::test(start_paused = true)]
