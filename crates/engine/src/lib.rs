@@ -10,6 +10,10 @@
 //! - A statement's results are complete before [`Session::execute`] returns, so dropping the
 //!   returned future (a cancelled query) stops the work and holds nothing.
 //! - `target_partitions` given to a statement applies to that statement only.
+//! - A cached plan is never used after anything that could change it: each session keeps
+//!   optimized plans of plain queries (immutable functions only, no placeholders) tagged with
+//!   an engine-wide generation that every DDL, SET, DML and system-table refresh bumps.
+//!   Physical planning is per run, so data is always read as it is.
 //!
 //! It decides no policy: admission and limits are the server's and the scheduler's.
 
