@@ -166,6 +166,43 @@ impl Planning {
             cache: HashMap::new(),
         }
     }
+
+    fn target_partitions(&self) -> usize {
+        self.state.config().options().execution.target_partitions
+    }
+
+    /// The cached plan of `sql`, unless something changed since it was made.
+    fn cached(&self, sql: &str, generation: u64) -> Option<&CachedPlan> {
+        self.cache.get(sql).filter(|c| c.generation == generation)
+    }
+
+    fn remember(
+        &mut self,
+        sql: &str,
+        generation: u64,
+        plan: datafusion::logical_expr::LogicalPlan,
+        names: Option<Vec<Option<String>>>,
+    ) {
+        if self.cache.len() >= PLAN_CACHE_ENTRIES {
+            self.cache.clear();
+        }
+        let cached = CachedPlan {
+            generation,
+            plan,
+            names,
+        };
+        self.cache.insert(sql.to_string(), cached);
+    }
+}
+
+/// What a planned statement does next: run its physical plan, or be applied by the
+/// `SessionContext` (DDL, SET, DML).
+enum Next {
+    Run(
+        Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        Arc<datafusion::execution::TaskContext>,
+    ),
+    Apply(datafusion::logical_expr::LogicalPlan),
 }
 
 /// Whether an optimized plan may be reused for the same text: no placeholders, and only
@@ -232,80 +269,74 @@ impl Session {
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput, DataFusionError> {
         let kind = first_keyword(sql);
-        let mut planning = self.planning.lock().await;
-        let overridden = target_partitions.filter(|&n| {
-            n > 0
-                && n != planning
-                    .state
-                    .config()
-                    .options()
-                    .execution
-                    .target_partitions
-        });
-        if let Some(n) = overridden {
-            let mut state = self.ctx.state();
-            state.config_mut().options_mut().execution.target_partitions = n;
-            *planning = Planning::of(&state);
-        }
-        planning.state.mark_start_execution();
         let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
-        let use_cache = params.is_empty() && overridden.is_none();
-        let cached = use_cache
-            .then(|| planning.cache.get(sql))
-            .flatten()
-            .filter(|c| c.generation == generation)
-            .map(|c| (c.plan.clone(), c.names.clone()));
-        if let Some((optimized, names)) = cached {
-            let schema = postgres_names(optimized.schema().as_arrow(), names);
-            let planner = planning.state.query_planner().clone();
-            let physical = planner
-                .create_physical_plan(&optimized, &planning.state)
-                .await?;
-            let task = planning.task.clone();
-            drop(planning);
-            let batches = datafusion::physical_plan::collect(physical, task).await?;
-            return Ok(QueryOutput::Rows { schema, batches });
-        }
-        let (mut plan, names) = plan(&planning.state, sql).await?;
-        if !params.is_empty() {
-            plan = plan.with_param_values(params)?;
-        }
-        let schema = postgres_names(plan.schema().as_arrow(), names.clone());
-        let batches = if is_plain_query(&plan) {
-            let optimized = planning.state.optimize(&plan)?;
-            if use_cache && is_rows(&kind) && cacheable(&plan) {
-                if planning.cache.len() >= PLAN_CACHE_ENTRIES {
-                    planning.cache.clear();
+        // Planned under the session's lock; run after it is released.
+        let (schema, next) = {
+            let mut planning = self.planning.lock().await;
+            // A statement's own max_threads: a one-off planning state, the session's untouched.
+            let mut one_off = target_partitions
+                .filter(|&n| n > 0 && n != planning.target_partitions())
+                .map(|n| {
+                    let mut state = self.ctx.state();
+                    state.config_mut().options_mut().execution.target_partitions = n;
+                    Planning::of(&state)
+                });
+            let use_cache = params.is_empty() && one_off.is_none();
+            let active = match one_off.as_mut() {
+                Some(p) => p,
+                None => &mut *planning,
+            };
+            active.state.mark_start_execution();
+            let cached = use_cache
+                .then(|| active.cached(sql, generation))
+                .flatten()
+                .map(|c| (c.plan.clone(), c.names.clone()));
+            let from_cache = cached.is_some();
+            let (plan, names) = match cached {
+                Some(hit) => hit,
+                None => {
+                    let (plan, names) = plan(&active.state, sql).await?;
+                    if params.is_empty() {
+                        (plan, names)
+                    } else {
+                        (plan.with_param_values(params)?, names)
+                    }
                 }
-                planning.cache.insert(
-                    sql.to_string(),
-                    CachedPlan {
-                        generation,
-                        plan: optimized.clone(),
-                        names,
-                    },
-                );
+            };
+            let schema = postgres_names(plan.schema().as_arrow(), names.clone());
+            let next = if !is_plain_query(&plan) {
+                Next::Apply(plan)
+            } else {
+                let optimized = if from_cache {
+                    plan
+                } else {
+                    let optimized = active.state.optimize(&plan)?;
+                    if use_cache && is_rows(&kind) && cacheable(&plan) {
+                        active.remember(sql, generation, optimized.clone(), names);
+                    }
+                    optimized
+                };
+                let planner = active.state.query_planner().clone();
+                let physical = planner
+                    .create_physical_plan(&optimized, &active.state)
+                    .await?;
+                Next::Run(physical, active.task.clone())
+            };
+            (schema, next)
+        };
+        let batches = match next {
+            Next::Run(physical, task) => datafusion::physical_plan::collect(physical, task).await?,
+            Next::Apply(plan) => {
+                // Bumped before and after: a plan cached while this runs is retired too.
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let batches = self.ctx.execute_logical_plan(plan).await?.collect().await;
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // SET and DDL may have changed the session: plan with what it is now.
+                *self.planning.lock().await = Planning::of(&self.ctx.state());
+                batches?
             }
-            let planner = planning.state.query_planner().clone();
-            let physical = planner
-                .create_physical_plan(&optimized, &planning.state)
-                .await?;
-            let task = planning.task.clone();
-            if overridden.is_some() {
-                *planning = Planning::of(&self.ctx.state());
-            }
-            drop(planning);
-            datafusion::physical_plan::collect(physical, task).await?
-        } else {
-            drop(planning);
-            self.generation
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let batches = self.ctx.execute_logical_plan(plan).await?.collect().await;
-            self.generation
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            // SET and DDL may have changed the session: plan with what it is now.
-            *self.planning.lock().await = Planning::of(&self.ctx.state());
-            batches?
         };
         Ok(match kind.as_str() {
             k if is_rows(k) => QueryOutput::Rows { schema, batches },
@@ -342,11 +373,7 @@ impl Session {
     pub async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>, DataFusionError> {
         let planning = self.planning.lock().await;
         let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
-        if let Some(c) = planning
-            .cache
-            .get(sql)
-            .filter(|c| c.generation == generation)
-        {
+        if let Some(c) = planning.cached(sql, generation) {
             // A cached plan's columns are the statement's (drivers Describe before each run).
             let schema = postgres_names(c.plan.schema().as_arrow(), c.names.clone());
             return Ok((!schema.fields().is_empty()).then_some(schema));

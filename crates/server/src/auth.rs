@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -180,28 +180,26 @@ pub fn check_listen(addr: &SocketAddr, users: &Users) -> Result<()> {
 pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let fail = |what: &str, path: &PathBuf, e: &dyn std::fmt::Display| {
+    let fail = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
         Error::new(
             ErrorCode::BadArguments,
             format!("[tls] {what} {}: {e}", path.display()),
         )
     };
-    let cert_path = cert.to_path_buf();
-    let key_path = key.to_path_buf();
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| fail("cert", &cert_path, &e))?;
+        .map_err(|e| fail("cert", cert, &e))?;
     if certs.is_empty() {
-        return Err(fail("cert", &cert_path, &"no certificate in the file"));
+        return Err(fail("cert", cert, &"no certificate in the file"));
     }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| fail("key", &key_path, &e))?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| fail("key", key, &e))?;
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| fail("cert", &cert_path, &e))?
+        .map_err(|e| fail("cert", cert, &e))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| fail("key", &key_path, &e))?;
+        .with_single_cert(certs, key_der)
+        .map_err(|e| fail("key", key, &e))?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 

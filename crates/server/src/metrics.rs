@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,18 +23,66 @@ const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
 ];
 
-#[derive(Debug, Default, Clone)]
-struct Series {
-    waiting: i64,
-    in_flight: i64,
-    admitted: u64,
-    rejected: u64,
+/// The counters of one (resource, workload) pair. Atomics: a query updates its series
+/// without the registry's lock, which it takes once to find the series.
+#[derive(Debug, Default)]
+pub struct Series {
+    waiting: AtomicI64,
+    in_flight: AtomicI64,
+    admitted: AtomicU64,
+    rejected: AtomicU64,
     /// Count per bucket (not cumulative), and one more for +Inf.
-    buckets: [u64; BUCKETS.len() + 1],
-    wait_sum: f64,
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    wait_sum_ns: AtomicU64,
 }
 
-type Key = (String, String);
+impl Series {
+    /// A query starts waiting; the guard counts it until it is dropped.
+    pub fn waiting(self: &Arc<Self>) -> Gauge {
+        Gauge::up(self, |s| &s.waiting)
+    }
+
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Relaxed);
+    }
+
+    /// A query was admitted after `waited`; the guard counts it in flight until dropped.
+    pub fn admitted(self: &Arc<Self>, waited: Duration) -> Gauge {
+        let secs = waited.as_secs_f64();
+        self.admitted.fetch_add(1, Relaxed);
+        self.wait_sum_ns
+            .fetch_add(waited.as_nanos().min(u128::from(u64::MAX)) as u64, Relaxed);
+        let bucket = BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[bucket].fetch_add(1, Relaxed);
+        Gauge::up(self, |s| &s.in_flight)
+    }
+}
+
+/// Holds one unit of a gauge of a series (waiting, in flight) until dropped.
+#[derive(Debug)]
+pub struct Gauge {
+    series: Arc<Series>,
+    gauge: fn(&Series) -> &AtomicI64,
+}
+
+impl Gauge {
+    fn up(series: &Arc<Series>, gauge: fn(&Series) -> &AtomicI64) -> Gauge {
+        gauge(series).fetch_add(1, Relaxed);
+        Gauge {
+            series: series.clone(),
+            gauge,
+        }
+    }
+}
+
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        (self.gauge)(&self.series).fetch_sub(1, Relaxed);
+    }
+}
 
 /// A metric family: name, type, help, and its value in a series.
 type Family = (
@@ -42,66 +92,37 @@ type Family = (
     fn(&Series) -> String,
 );
 
-/// The counters of every (resource, workload) pair that has seen a query.
+/// The series of every (resource, workload) pair that has seen a query.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    series: Mutex<BTreeMap<Key, Series>>,
+    series: Mutex<BTreeMap<String, BTreeMap<String, Arc<Series>>>>,
 }
 
 impl Metrics {
-    fn with(&self, resource: &str, workload: &str, f: impl FnOnce(&mut Series)) {
-        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        f(series
-            .entry((resource.to_string(), workload.to_string()))
-            .or_default());
-    }
-
-    /// A query starts waiting; the guard counts it until it is dropped.
-    pub fn waiting(self: &Arc<Self>, resource: &str, workload: &str) -> Waiting {
-        self.with(resource, workload, |s| s.waiting += 1);
-        Waiting {
-            metrics: self.clone(),
-            key: (resource.to_string(), workload.to_string()),
+    /// The series of `workload` in `resource` (made on first use).
+    pub fn series(&self, resource: &str, workload: &str) -> Arc<Series> {
+        let mut all = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = all.get(resource).and_then(|r| r.get(workload)) {
+            return s.clone();
         }
-    }
-
-    pub fn rejected(&self, resource: &str, workload: &str) {
-        self.with(resource, workload, |s| s.rejected += 1);
-    }
-
-    /// A query was admitted after `waited`; the guard counts it in flight until dropped.
-    pub fn admitted(
-        self: &Arc<Self>,
-        resource: &str,
-        workload: &str,
-        waited: Duration,
-    ) -> InFlight {
-        let secs = waited.as_secs_f64();
-        self.with(resource, workload, |s| {
-            s.admitted += 1;
-            s.in_flight += 1;
-            s.wait_sum += secs;
-            let bucket = BUCKETS
-                .iter()
-                .position(|b| secs <= *b)
-                .unwrap_or(BUCKETS.len());
-            s.buckets[bucket] += 1;
-        });
-        InFlight {
-            metrics: self.clone(),
-            key: (resource.to_string(), workload.to_string()),
-        }
+        all.entry(resource.to_string())
+            .or_default()
+            .entry(workload.to_string())
+            .or_default()
+            .clone()
     }
 
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
-        let series = self
+        let series: Vec<(String, String, Arc<Series>)> = self
             .series
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .iter()
+            .flat_map(|(r, ws)| ws.iter().map(|(w, s)| (r.clone(), w.clone(), s.clone())))
+            .collect();
         let mut out = String::new();
-        let labels = |(r, w): &Key| {
+        let labels = |r: &str, w: &str| {
             format!(
                 "resource=\"{}\",workload=\"{}\"",
                 escape_label(r),
@@ -113,31 +134,31 @@ impl Metrics {
                 "sluice_queries_waiting",
                 "gauge",
                 "Queries waiting for admission.",
-                |s| s.waiting.to_string(),
+                |s| s.waiting.load(Relaxed).to_string(),
             ),
             (
                 "sluice_queries_in_flight",
                 "gauge",
                 "Queries admitted and not yet finished.",
-                |s| s.in_flight.to_string(),
+                |s| s.in_flight.load(Relaxed).to_string(),
             ),
             (
                 "sluice_queries_admitted_total",
                 "counter",
                 "Queries admitted.",
-                |s| s.admitted.to_string(),
+                |s| s.admitted.load(Relaxed).to_string(),
             ),
             (
                 "sluice_queries_rejected_total",
                 "counter",
                 "Queries rejected with SERVER_OVERLOADED (max_waiting_queries).",
-                |s| s.rejected.to_string(),
+                |s| s.rejected.load(Relaxed).to_string(),
             ),
         ];
         for (name, kind, help, value) in families {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (key, s) in &series {
-                let _ = writeln!(out, "{name}{{{}}} {}", labels(key), value(s));
+            for (r, w, s) in &series {
+                let _ = writeln!(out, "{name}{{{}}} {}", labels(r, w), value(s));
             }
         }
         let name = "sluice_admission_wait_seconds";
@@ -145,16 +166,17 @@ impl Metrics {
             out,
             "# HELP {name} Time from a query's arrival to its admission.\n# TYPE {name} histogram"
         );
-        for (key, s) in &series {
-            let l = labels(key);
+        for (r, w, s) in &series {
+            let l = labels(r, w);
             let mut cumulative = 0;
             for (i, bound) in BUCKETS.iter().enumerate() {
-                cumulative += s.buckets[i];
+                cumulative += s.buckets[i].load(Relaxed);
                 let _ = writeln!(out, "{name}_bucket{{{l},le=\"{bound}\"}} {cumulative}");
             }
-            cumulative += s.buckets[BUCKETS.len()];
+            cumulative += s.buckets[BUCKETS.len()].load(Relaxed);
             let _ = writeln!(out, "{name}_bucket{{{l},le=\"+Inf\"}} {cumulative}");
-            let _ = writeln!(out, "{name}_sum{{{l}}} {}", s.wait_sum);
+            let sum = s.wait_sum_ns.load(Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "{name}_sum{{{l}}} {sum}");
             let _ = writeln!(out, "{name}_count{{{l}}} {cumulative}");
         }
         out
@@ -165,34 +187,6 @@ fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-/// Counts a query as waiting while it lives.
-#[derive(Debug)]
-pub struct Waiting {
-    metrics: Arc<Metrics>,
-    key: Key,
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        let (r, w) = &self.key;
-        self.metrics.with(r, w, |s| s.waiting -= 1);
-    }
-}
-
-/// Counts a query as in flight while it lives.
-#[derive(Debug)]
-pub struct InFlight {
-    metrics: Arc<Metrics>,
-    key: Key,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let (r, w) = &self.key;
-        self.metrics.with(r, w, |s| s.in_flight -= 1);
-    }
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown` completes. One request per
@@ -259,10 +253,11 @@ mod tests {
     #[test]
     fn histogram_is_cumulative_and_guards_count() {
         let m = Arc::new(Metrics::default());
-        let waiting = m.waiting("slots", "prod");
-        let a = m.admitted("slots", "prod", Duration::from_millis(3));
-        let b = m.admitted("slots", "prod", Duration::from_secs(100));
-        m.rejected("slots", "prod");
+        let prod = m.series("slots", "prod");
+        let waiting = prod.waiting();
+        let a = m.series("slots", "prod").admitted(Duration::from_millis(3));
+        let b = prod.admitted(Duration::from_secs(100));
+        prod.rejected();
         let text = m.render();
         assert!(
             text.contains("sluice_queries_waiting{resource=\"slots\",workload=\"prod\"} 1"),

@@ -430,12 +430,13 @@ impl Connection {
                 continue;
             }
             let arrived = std::time::Instant::now();
+            let series = self.shared.metrics.series(resource, &workload);
             let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
                 if e.code == ErrorCode::ServerOverloaded {
-                    self.shared.metrics.rejected(resource, &workload);
+                    series.rejected();
                 }
             })?;
-            let counted_waiting = self.shared.metrics.waiting(resource, &workload);
+            let counted_waiting = series.waiting();
             if !acquire.is_granted() {
                 guard.waiting_for(Some(resource));
                 notices
@@ -452,17 +453,11 @@ impl Connection {
             };
             drop(counted_waiting);
             hold.push(Box::new(permit));
-            hold.push(Box::new(self.shared.metrics.admitted(
-                resource,
-                &workload,
-                arrived.elapsed(),
-            )));
+            hold.push(Box::new(series.admitted(arrived.elapsed())));
             guard.waiting_for(None);
         }
         guard.running();
-        if markup.query.to_ascii_lowercase().contains("system.") {
-            crate::system::refresh(&self.shared)?;
-        }
+        crate::system::refresh_if_mentioned(&self.shared, &markup.query)?;
         let execute = self
             .session
             .execute(&markup.query, settings.max_threads, params);
@@ -513,9 +508,7 @@ impl Connection {
             Route::ShowCreate => Some(text_schema("create_query")),
             Route::Engine => {
                 let markup = split_settings(sql)?;
-                if markup.query.to_ascii_lowercase().contains("system.") {
-                    crate::system::refresh(&self.shared)?;
-                }
+                crate::system::refresh_if_mentioned(&self.shared, &markup.query)?;
                 self.session
                     .describe(&markup.query)
                     .await

@@ -44,6 +44,15 @@ fn string_lists(values: Vec<Vec<&str>>) -> ArrayRef {
     Arc::new(builder.finish())
 }
 
+/// Rebuilds the system tables if `query` mentions one (they are only as fresh as the last
+/// rebuild, and rebuilding retires the engine's cached plans, so other queries skip it).
+pub fn refresh_if_mentioned(shared: &Shared, query: &str) -> Result<()> {
+    if query.to_ascii_lowercase().contains("system.") {
+        refresh(shared)?;
+    }
+    Ok(())
+}
+
 /// Rebuilds every system table from the current state.
 pub fn refresh(shared: &Shared) -> Result<()> {
     let snapshot = shared.snapshot();

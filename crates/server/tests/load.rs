@@ -71,15 +71,9 @@ async fn two_hundred_clients_never_exceed_eight_running_and_nothing_leaks() {
         let (sent, answered, cancelled) = (sent.clone(), answered.clone(), cancelled.clone());
         let port = server.port;
         clients.push(tokio::spawn(async move {
-            let (client, connection) = tokio_postgres::connect(
-                &format!("host=127.0.0.1 port={port} user=load{id} dbname=x"),
-                NoTls,
-            )
-            .await
-            .expect("connects");
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
+            let client = connect(&format!("host=127.0.0.1 port={port} user=load{id} dbname=x"))
+                .await
+                .expect("connects");
             let workload = workloads[id % workloads.len()];
             let mut n = 0u64;
             while Instant::now() < deadline {

@@ -34,16 +34,11 @@ fn user(name: &str, password: &str) -> User {
     }
 }
 
-async fn connect(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user={user} password={password} dbname=x"),
-        NoTls,
-    )
-    .await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+async fn login(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
+    connect(&format!(
+        "host=127.0.0.1 port={port} user={user} password={password} dbname=x"
+    ))
+    .await
 }
 
 #[tokio::test]
@@ -68,16 +63,16 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
     })
     .await;
     // The verifier is all that is stored; a wrong password, or an unknown user, is refused.
-    let e = connect(server.port, "root", "wrong")
+    let e = login(server.port, "root", "wrong")
         .await
         .expect_err("refused");
     assert_eq!(sqlstate(&e), "28P01", "{e}");
-    let e = connect(server.port, "nobody", "x")
+    let e = login(server.port, "nobody", "x")
         .await
         .expect_err("refused");
     assert_eq!(sqlstate(&e), "28P01", "{e}");
 
-    let root = connect(server.port, "root", "r00t")
+    let root = login(server.port, "root", "r00t")
         .await
         .expect("root logs in");
     root.batch_execute(
@@ -87,7 +82,7 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
     .await
     .expect("admin DDL");
 
-    let app = connect(server.port, "app", "app-pw")
+    let app = login(server.port, "app", "app-pw")
         .await
         .expect("app logs in");
     let e = app
@@ -122,7 +117,7 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
         ["prod"]
     );
     // A default workload applies until the session picks another.
-    let dana = connect(server.port, "dana", "dana-pw")
+    let dana = login(server.port, "dana", "dana-pw")
         .await
         .expect("dana logs in");
     assert_eq!(

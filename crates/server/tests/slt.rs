@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType};
 use support::TestServer;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 #[derive(Debug)]
 struct SltError(String);
@@ -243,14 +243,9 @@ async fn run_all(extended: bool) {
         let server = TestServer::start(dir.path(), false).await;
         let port = server.port;
         let mut runner = sqllogictest::Runner::new(move || async move {
-            let (client, connection) = tokio_postgres::connect(
-                &format!("host=127.0.0.1 port={port} user=slt dbname=slt"),
-                NoTls,
-            )
-            .await?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
+            let client =
+                support::connect(&format!("host=127.0.0.1 port={port} user=slt dbname=slt"))
+                    .await?;
             Ok(Wire { client, extended })
         });
         runner.add_label(if extended { "extended" } else { "simple" });

@@ -71,13 +71,7 @@ impl TestServer {
     }
 
     pub async fn client_with(&self, conn: &str) -> Client {
-        let (client, connection) = tokio_postgres::connect(conn, NoTls)
-            .await
-            .expect("connects");
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        client
+        connect(conn).await.expect("connects")
     }
 
     pub async fn stop(mut self) {
@@ -86,6 +80,15 @@ impl TestServer {
         }
         let _ = (&mut self.task).await;
     }
+}
+
+/// A client connected with `conn` (a libpq-style string), its connection driven in a task.
+pub async fn connect(conn: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(conn, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 /// Runs `sql` on a connection of its own, in a task of its own.
