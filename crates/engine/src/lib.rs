@@ -13,7 +13,11 @@
 //! - A cached plan is never used after anything that could change it: each session keeps
 //!   optimized plans of plain queries (immutable functions only, no placeholders) tagged with
 //!   an engine-wide generation that every DDL, SET, DML and system-table refresh bumps.
-//!   Physical planning is per run, so data is always read as it is.
+//!   A physical plan is kept beside it only when it reads nothing but memory tables (which
+//!   change only by DML, so a kept plan is never older than the data) through nodes that
+//!   [`reset_plan_states`](datafusion::physical_plan::execution_plan::reset_plan_states)
+//!   makes new again; each run executes a reset copy, never the kept plan. Files are
+//!   planned, and so listed, on every run.
 //!
 //! It decides no policy: admission and limits are the server's and the scheduler's.
 
@@ -153,6 +157,9 @@ struct CachedPlan {
     generation: u64,
     plan: datafusion::logical_expr::LogicalPlan,
     names: Option<Vec<Option<String>>>,
+    /// The physical plan too, when every node of it can run again after a reset (see
+    /// [`reusable`]). Never executed itself: each run gets a reset copy.
+    physical: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
 }
 
 /// Plans kept per session; past this many the cache starts afresh.
@@ -183,6 +190,8 @@ impl Planning {
         plan: datafusion::logical_expr::LogicalPlan,
         names: Option<Vec<Option<String>>>,
     ) {
+        // Plans of an older generation are never used again; they may hold whole tables.
+        self.cache.retain(|_, c| c.generation == generation);
         if self.cache.len() >= PLAN_CACHE_ENTRIES {
             self.cache.clear();
         }
@@ -190,6 +199,7 @@ impl Planning {
             generation,
             plan,
             names,
+            physical: None,
         };
         self.cache.insert(sql.to_string(), cached);
     }
@@ -241,6 +251,57 @@ fn cacheable(plan: &datafusion::logical_expr::LogicalPlan) -> bool {
     ok
 }
 
+/// Whether a physical plan can be kept and run again after
+/// [`reset_plan_states`](datafusion::physical_plan::execution_plan::reset_plan_states): only
+/// nodes whose every run starts afresh from a reset copy. Scans of files are left out (the
+/// files on disk may change between runs; a memory table cannot without a DML that bumps the
+/// generation), and so are joins and anything with dynamic filters (a reset does not reach
+/// the copies of a filter pushed into other nodes).
+fn reusable(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> bool {
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan as pp;
+    let node: &dyn pp::ExecutionPlan = plan.as_ref();
+    #[allow(deprecated)]
+    let known = node
+        .downcast_ref::<pp::projection::ProjectionExec>()
+        .is_some()
+        || node
+            .downcast_ref::<pp::placeholder_row::PlaceholderRowExec>()
+            .is_some()
+        || node.downcast_ref::<pp::empty::EmptyExec>().is_some()
+        || node.downcast_ref::<pp::filter::FilterExec>().is_some()
+        || node
+            .downcast_ref::<pp::coalesce_batches::CoalesceBatchesExec>()
+            .is_some()
+        || node
+            .downcast_ref::<pp::coalesce_partitions::CoalescePartitionsExec>()
+            .is_some()
+        || node.downcast_ref::<pp::limit::GlobalLimitExec>().is_some()
+        || node.downcast_ref::<pp::limit::LocalLimitExec>().is_some()
+        || node
+            .downcast_ref::<pp::repartition::RepartitionExec>()
+            .is_some()
+        || node
+            .downcast_ref::<pp::sorts::sort_preserving_merge::SortPreservingMergeExec>()
+            .is_some()
+        || node.downcast_ref::<pp::union::UnionExec>().is_some()
+        || node.downcast_ref::<pp::memory::LazyMemoryExec>().is_some()
+        || node.downcast_ref::<pp::coop::CooperativeExec>().is_some()
+        || node
+            .downcast_ref::<pp::aggregates::AggregateExec>()
+            .is_some()
+        || node.downcast_ref::<pp::sorts::sort::SortExec>().is_some();
+    let ok = (known
+        || node.downcast_ref::<DataSourceExec>().is_some_and(|d| {
+            d.data_source()
+                .downcast_ref::<MemorySourceConfig>()
+                .is_some()
+        }))
+        && node.dynamic_expressions_produced().is_empty();
+    ok && plan.children().into_iter().all(reusable)
+}
+
 /// Statements whose first keyword says they answer with rows.
 fn is_rows(kind: &str) -> bool {
     matches!(
@@ -290,8 +351,12 @@ impl Session {
             let cached = use_cache
                 .then(|| active.cached(sql, generation))
                 .flatten()
-                .map(|c| (c.plan.clone(), c.names.clone()));
+                .map(|c| (c.plan.clone(), c.names.clone(), c.physical.clone()));
             let from_cache = cached.is_some();
+            let (cached, kept_physical) = match cached {
+                Some((plan, names, physical)) => (Some((plan, names)), physical),
+                None => (None, None),
+            };
             let (plan, names) = match cached {
                 Some(hit) => hit,
                 None => {
@@ -316,10 +381,27 @@ impl Session {
                     }
                     optimized
                 };
-                let planner = active.state.query_planner().clone();
-                let physical = planner
-                    .create_physical_plan(&optimized, &active.state)
-                    .await?;
+                use datafusion::physical_plan::execution_plan::reset_plan_states;
+                let physical = match kept_physical {
+                    Some(kept) => reset_plan_states(kept)?,
+                    None => {
+                        let planner = active.state.query_planner().clone();
+                        let physical = planner
+                            .create_physical_plan(&optimized, &active.state)
+                            .await?;
+                        match active.cache.get_mut(sql) {
+                            Some(entry)
+                                if use_cache
+                                    && entry.generation == generation
+                                    && reusable(&physical) =>
+                            {
+                                entry.physical = Some(physical.clone());
+                                reset_plan_states(physical)?
+                            }
+                            _ => physical,
+                        }
+                    }
+                };
                 Next::Run(physical, active.task.clone())
             };
             (schema, next)
@@ -724,6 +806,52 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_ne!(text(&a, t).await, first);
         assert!(!a.planning.lock().await.cache.contains_key(t));
+    }
+
+    #[tokio::test]
+    async fn kept_physical_plans_run_again_from_the_start() {
+        let engine = Engine::new();
+        let s = engine.session();
+        // Several partitions, so plans have repartitions and merges to reset.
+        text(&s, "SET datafusion.execution.target_partitions = 4").await;
+        text(&s, "CREATE TABLE k (g INT, x INT)").await;
+        text(
+            &s,
+            "INSERT INTO k VALUES (1, 1), (1, 2), (2, 3), (3, 4), (3, 5)",
+        )
+        .await;
+        text(&s, "INSERT INTO k VALUES (2, 6), (4, 7)").await;
+        let queries = [
+            "SELECT 1",
+            "SELECT count(*) AS n, sum(value) AS s FROM generate_series(1, 1000)",
+            "SELECT g, sum(x) AS s FROM k GROUP BY g ORDER BY g",
+            "SELECT x FROM k WHERE x % 2 = 1 ORDER BY x DESC",
+            "SELECT g FROM k UNION ALL SELECT x FROM k ORDER BY 1",
+            "SELECT count(*) AS n FROM (SELECT x FROM k WHERE g > 1 LIMIT 2)",
+        ];
+        for q in queries {
+            let first = text(&s, q).await;
+            let planning = s.planning.lock().await;
+            let kept = planning.cache.get(q).and_then(|c| c.physical.as_ref());
+            assert!(kept.is_some(), "physical plan kept for {q}");
+            drop(planning);
+            for _ in 0..3 {
+                assert_eq!(text(&s, q).await, first, "{q}");
+            }
+        }
+        // A DML retires the kept plans: the next run reads the new rows.
+        text(&s, "INSERT INTO k VALUES (1, 100)").await;
+        let grouped = text(&s, queries[2]).await;
+        assert!(grouped.contains("| 1 | 103 |"), "{grouped}");
+        // Plans that a reset cannot make new again are planned each run: a top-k sort pushes
+        // a dynamic filter into its input.
+        let topk = "SELECT x FROM k ORDER BY x LIMIT 2";
+        text(&s, topk).await;
+        let planning = s.planning.lock().await;
+        assert!(planning
+            .cache
+            .get(topk)
+            .is_some_and(|c| c.physical.is_none()));
     }
 
     #[tokio::test(start_paused = true)]
