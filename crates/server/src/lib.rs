@@ -3,6 +3,7 @@
 //! Layout:
 //! - [`serve`]: the accept loop; one [`session::Connection`] (handlers and state) per client;
 //!   cancel requests go through pgwire's connection manager.
+//! - [`wire`]: the message loop over a socket that sends each response in one write.
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
 //!   engine queries), the `SETTINGS` tail, admission through the QUERY schedulers.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
@@ -27,13 +28,13 @@ pub mod params;
 pub mod session;
 pub mod state;
 pub mod system;
+pub mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::{ConnectionManager, PgWireServerHandlers};
-use pgwire::tokio::process_socket;
 use tokio::net::TcpListener;
 
 use auth::Startup;
@@ -114,7 +115,7 @@ pub async fn serve(
                 let tls = shared.tls.clone();
                 tracing::debug!("connection from {peer}");
                 tokio::spawn(async move {
-                    if let Err(e) = process_socket(socket, tls, handlers).await {
+                    if let Err(e) = wire::process_connection(socket, tls, handlers).await {
                         tracing::debug!("connection from {peer} ended: {e}");
                     }
                 });

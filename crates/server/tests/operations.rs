@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -158,15 +159,28 @@ async fn client_with_notices(port: u16) -> (Client, tokio::sync::mpsc::Unbounded
 #[tokio::test]
 async fn a_waiting_query_is_told_where_it_waits() {
     let (_dir, server, admin) = one_slot(Duration::from_secs(30)).await;
-    let running = spawn_query(&server, "SELECT pg_sleep(0.3) SETTINGS workload = 'w'").await;
+    let running = spawn_query(&server, "SELECT pg_sleep(1) SETTINGS workload = 'w'").await;
     until_running(&admin, 1).await;
     let (waiter, mut notices) = client_with_notices(server.port).await;
-    let rows = waiter
-        .simple_query("SELECT 42 SETTINGS workload = 'w'")
-        .await
-        .expect("runs after waiting");
-    assert_eq!(rows.len(), 3, "row description, one row, command complete");
+    let waiter = Arc::new(waiter);
+    let waits = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .simple_query("SELECT 42 SETTINGS workload = 'w'")
+                .await
+        })
+    };
     let notice = notices.recv().await.expect("a notice");
+    // The notice comes while the query waits, not with its answer.
+    let waiting = column(
+        &admin,
+        "SELECT count(*) FROM system.processes WHERE state = 'waiting'",
+    )
+    .await;
+    assert_eq!(waiting, ["1"], "the notice arrived while its query waited");
+    let rows = waits.await.expect("task").expect("runs after waiting");
+    assert_eq!(rows.len(), 3, "row description, one row, command complete");
     assert!(
         notice
             .starts_with("waiting for resource 'q' in workload 'w' (queue /all/semaphore/w/fifo)"),
