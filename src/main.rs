@@ -24,6 +24,11 @@ use sluice_sql::parse_script;
 
 use crate::config::Config;
 
+/// mimalloc: many small allocations per query (plans, batches, wire messages) from several
+/// threads; glibc's malloc spent ~9% of the server's CPU on `SELECT 1` (see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "A workload manager for SQL")]
 struct Cli {

@@ -153,7 +153,13 @@ pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
         query: sql.to_string(),
         settings: Vec::new(),
     };
-    if sql.len() > MAX_INPUT_BYTES {
+    // Most queries have no tail: they are not tokenized at all (this runs on every query,
+    // up to three times per extended-protocol round trip).
+    let mentions_settings = sql
+        .as_bytes()
+        .windows(b"settings".len())
+        .any(|w| w.eq_ignore_ascii_case(b"settings"));
+    if sql.len() > MAX_INPUT_BYTES || !mentions_settings {
         return Ok(unchanged());
     }
     let mut tokens = Vec::new();
