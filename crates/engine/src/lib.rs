@@ -507,9 +507,127 @@ async fn plan(
     DataFusionError,
 > {
     let dialect = state.config().options().sql_parser.dialect;
-    let statement = state.sql_to_statement(sql, &dialect)?;
+    let mut statement = state.sql_to_statement(sql, &dialect)?;
+    if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
+        postgres_series(inner);
+    }
     let names = column_names(&statement);
     Ok((state.statement_to_plan(statement).await?, names))
+}
+
+/// `generate_series` as Postgres has it, where DataFusion differs: in a select list it is a
+/// set-returning function (one row per value; DataFusion's returns one list), so it is
+/// unnested there; in `FROM` its column is named after the function or the table alias
+/// (DataFusion calls it `value`). Applied to every query in the statement (subqueries,
+/// CTEs, `CREATE TABLE … AS`, `INSERT … SELECT`).
+fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
+    use datafusion::sql::sqlparser::ast::{Query, VisitMut, VisitorMut};
+    use std::ops::ControlFlow;
+    struct Series;
+    impl VisitorMut for Series {
+        type Break = ();
+        fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+            set_returning_series(query);
+            ControlFlow::Continue(())
+        }
+    }
+    let _ = statement.visit(&mut Series);
+}
+
+/// [`postgres_series`] for one query's own select lists and `FROM` clauses (its subqueries
+/// are queries of their own).
+fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident,
+        ObjectName, SelectItem, SetExpr, TableAlias, TableAliasColumnDef, TableFactor,
+    };
+    fn is_series(name: &ObjectName) -> bool {
+        name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
+            i.quote_style.is_none() && i.value.eq_ignore_ascii_case("generate_series")
+        })
+    }
+    fn unnest(expr: &mut Expr) -> bool {
+        let Expr::Function(f) = expr else {
+            return false;
+        };
+        if !is_series(&f.name) {
+            return false;
+        }
+        let mut wrapper = f.clone();
+        wrapper.name = ObjectName::from(vec![Ident::new("unnest")]);
+        wrapper.args = FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(expr.clone()))],
+            clauses: vec![],
+        });
+        *expr = Expr::Function(wrapper);
+        true
+    }
+    fn relation(factor: &mut TableFactor) {
+        match factor {
+            TableFactor::Table {
+                name,
+                alias,
+                args: Some(_),
+                with_ordinality: false,
+                ..
+            } if is_series(name) => {
+                let alias = alias.get_or_insert_with(|| TableAlias {
+                    explicit: true,
+                    name: Ident::new("generate_series"),
+                    columns: vec![],
+                    at: None,
+                });
+                if alias.columns.is_empty() {
+                    alias.columns = vec![TableAliasColumnDef::from_name(alias.name.value.clone())];
+                }
+            }
+            TableFactor::NestedJoin {
+                table_with_joins, ..
+            } => {
+                relation(&mut table_with_joins.relation);
+                for join in &mut table_with_joins.joins {
+                    relation(&mut join.relation);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn body(set: &mut SetExpr) {
+        match set {
+            SetExpr::Select(select) => {
+                for item in &mut select.projection {
+                    let unnamed = match item {
+                        SelectItem::UnnamedExpr(expr) => unnest(expr).then(|| expr.clone()),
+                        SelectItem::ExprWithAlias { expr, .. } => {
+                            unnest(expr);
+                            None
+                        }
+                        _ => None,
+                    };
+                    // Postgres names the column after the function.
+                    if let Some(expr) = unnamed {
+                        *item = SelectItem::ExprWithAlias {
+                            expr,
+                            alias: Ident::new("generate_series"),
+                        };
+                    }
+                }
+                for from in &mut select.from {
+                    relation(&mut from.relation);
+                    for join in &mut from.joins {
+                        relation(&mut join.relation);
+                    }
+                }
+            }
+            SetExpr::SetOperation { left, right, .. } => {
+                body(left);
+                body(right);
+            }
+            _ => {}
+        }
+    }
+    body(&mut query.body);
 }
 
 /// What Postgres would call each result column of a plain `SELECT` where DataFusion's name is
@@ -809,6 +927,70 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn generate_series_returns_rows_named_as_in_postgres() {
+        let s = Engine::new().session();
+        async fn shape(s: &Session, sql: &str) -> (Vec<String>, usize) {
+            match s.execute(sql, None, vec![]).await.expect(sql) {
+                QueryOutput::Rows { schema, batches } => (
+                    schema.fields().iter().map(|f| f.name().clone()).collect(),
+                    batches.iter().map(|b| b.num_rows()).sum(),
+                ),
+                QueryOutput::Command { tag, .. } => panic!("{sql}: {tag}"),
+            }
+        }
+        let cases: [(&str, &[&str], usize); 9] = [
+            ("SELECT generate_series(1, 3)", &["generate_series"], 3),
+            ("SELECT generate_series(1, 10, 4) AS n", &["n"], 3),
+            (
+                "SELECT 7 AS k, GENERATE_SERIES(1, 2)",
+                &["k", "generate_series"],
+                2,
+            ),
+            (
+                "SELECT * FROM generate_series(1, 4)",
+                &["generate_series"],
+                4,
+            ),
+            ("SELECT g FROM generate_series(1, 2) AS g", &["g"], 2),
+            ("SELECT n FROM generate_series(1, 2) AS g(n)", &["n"], 2),
+            (
+                "WITH w AS (SELECT generate_series(1, 2) AS x) SELECT sum(x) AS s FROM w",
+                &["s"],
+                1,
+            ),
+            (
+                "SELECT generate_series(1, 2) UNION ALL SELECT generate_series(5, 6)",
+                &["generate_series"],
+                4,
+            ),
+            (
+                "SELECT count(*) AS n FROM (SELECT * FROM generate_series(1, 5)) AS t",
+                &["n"],
+                1,
+            ),
+        ];
+        for (sql, columns, rows) in cases {
+            let (got_columns, got_rows) = shape(&s, sql).await;
+            assert_eq!(got_columns, columns, "{sql}");
+            assert_eq!(got_rows, rows, "{sql}");
+        }
+        text(
+            &s,
+            "CREATE TABLE gs AS SELECT generate_series AS id FROM generate_series(1, 3)",
+        )
+        .await;
+        text(&s, "INSERT INTO gs SELECT generate_series(4, 6)").await;
+        let ids = text(&s, "SELECT count(*) AS n, sum(id) AS s FROM gs").await;
+        assert!(ids.contains("| 6 | 21 |"), "{ids}");
+        let summed = text(
+            &s,
+            "SELECT sum(generate_series) AS s FROM generate_series(1, 100)",
+        )
+        .await;
+        assert!(summed.contains("| 5050 |"), "{summed}");
+    }
+
+    #[tokio::test]
     async fn kept_physical_plans_run_again_from_the_start() {
         let engine = Engine::new();
         let s = engine.session();
@@ -823,7 +1005,7 @@ mod tests {
         text(&s, "INSERT INTO k VALUES (2, 6), (4, 7)").await;
         let queries = [
             "SELECT 1",
-            "SELECT count(*) AS n, sum(value) AS s FROM generate_series(1, 1000)",
+            "SELECT count(*) AS n, sum(generate_series) AS s FROM generate_series(1, 1000)",
             "SELECT g, sum(x) AS s FROM k GROUP BY g ORDER BY g",
             "SELECT x FROM k WHERE x % 2 = 1 ORDER BY x DESC",
             "SELECT g FROM k UNION ALL SELECT x FROM k ORDER BY 1",
