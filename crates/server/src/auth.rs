@@ -23,7 +23,7 @@ use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{
     AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
 };
-use pgwire::api::{ClientInfo, ConnectionManager};
+use pgwire::api::{ClientInfo, ConnectionManager, METADATA_USER};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_sql::{Error, ErrorCode, Result};
@@ -280,7 +280,22 @@ impl StartupHandler for Startup {
             None => self.connection.on_startup(client, message).await,
             Some(sasl) => {
                 let is_startup = matches!(message, PgWireFrontendMessage::Startup(_));
-                sasl.on_startup(client, message).await?;
+                sasl.on_startup(client, message)
+                    .await
+                    .map_err(|e| match e {
+                        // libpq leaves the SCRAM user name empty (the start-up message has it),
+                        // so pgwire's message would say user "".
+                        PgWireError::InvalidPassword(name) if name.is_empty() => {
+                            PgWireError::InvalidPassword(
+                                client
+                                    .metadata()
+                                    .get(METADATA_USER)
+                                    .cloned()
+                                    .unwrap_or_default(),
+                            )
+                        }
+                        e => e,
+                    })?;
                 if is_startup {
                     self.connection.apply_startup_options(client.metadata());
                 }

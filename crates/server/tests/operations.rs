@@ -68,10 +68,12 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
         .await
         .expect_err("refused");
     assert_eq!(sqlstate(&e), "28P01", "{e}");
+    assert!(message(&e).contains("\"root\""), "names the user: {e}");
     let e = login(server.port, "nobody", "x")
         .await
         .expect_err("refused");
     assert_eq!(sqlstate(&e), "28P01", "{e}");
+    assert!(message(&e).contains("\"nobody\""), "names the user: {e}");
 
     let root = login(server.port, "root", "r00t")
         .await
