@@ -237,14 +237,22 @@ impl AuthSource for VerifierSource {
 /// The start-up of one connection: SCRAM when users are configured, else trust (loopback
 /// only, see [`check_listen`]); then the connection's start-up options.
 pub struct Startup {
-    sasl: Option<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
+    /// Kept until the first message says whether the connection is TLS.
+    scram: Option<ScramSetup>,
+    sasl: std::sync::OnceLock<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
     connection: Arc<Connection>,
+}
+
+struct ScramSetup {
+    users: Arc<Users>,
+    tls_cert_pem: Option<Arc<Vec<u8>>>,
+    manager: Arc<ConnectionManager>,
 }
 
 impl Debug for Startup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Startup")
-            .field("scram", &self.sasl.is_some())
+            .field("scram", &self.scram.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -252,15 +260,57 @@ impl Debug for Startup {
 impl Startup {
     pub fn new(
         users: &Arc<Users>,
+        tls_cert_pem: Option<Arc<Vec<u8>>>,
         connection: Arc<Connection>,
         manager: Arc<ConnectionManager>,
     ) -> Startup {
-        let sasl = (!users.is_empty()).then(|| {
+        Startup {
+            scram: (!users.is_empty()).then(|| ScramSetup {
+                users: users.clone(),
+                tls_cert_pem,
+                manager,
+            }),
+            sasl: std::sync::OnceLock::new(),
+            connection,
+        }
+    }
+
+    /// SCRAM-SHA-256; over TLS with a certificate, SCRAM-SHA-256-PLUS as well (channel
+    /// binding: a client that uses it knows no one in the middle relayed its login). Never
+    /// PLUS without TLS: libpq refuses a server that offers it there.
+    fn sasl(
+        &self,
+        secure: bool,
+    ) -> Option<&SASLAuthStartupHandler<DefaultServerParameterProvider>> {
+        let setup = self.scram.as_ref()?;
+        Some(self.sasl.get_or_init(|| {
+            let mut scram = ScramAuth::new(Arc::new(VerifierSource(setup.users.clone())));
+            if let Some(pem) = setup.tls_cert_pem.as_ref().filter(|_| secure) {
+                // Checked once at start (`channel_binding_cert`); cannot fail here.
+                let _ = scram.configure_certificate(pem);
+            }
             SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
-                .with_scram(ScramAuth::new(Arc::new(VerifierSource(users.clone()))))
-                .with_connection_manager(manager)
-        });
-        Startup { sasl, connection }
+                .with_scram(scram)
+                .with_connection_manager(setup.manager.clone())
+        }))
+    }
+}
+
+/// The certificate PEM for SCRAM channel binding, if its signature algorithm allows the
+/// `tls-server-end-point` binding; otherwise clients get plain SCRAM-SHA-256 (and a warning
+/// says why).
+pub fn channel_binding_cert(cert: &Path) -> Option<Arc<Vec<u8>>> {
+    let pem = std::fs::read(cert).ok()?;
+    let mut probe = ScramAuth::new(Arc::new(VerifierSource(Arc::default())));
+    match probe.configure_certificate(&pem) {
+        Ok(()) => Some(Arc::new(pem)),
+        Err(e) => {
+            tracing::warn!(
+                "[tls] cert {}: no SCRAM channel binding (SCRAM-SHA-256-PLUS): {e}",
+                cert.display()
+            );
+            None
+        }
     }
 }
 
@@ -276,7 +326,7 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        match &self.sasl {
+        match self.sasl(client.is_secure()) {
             None => self.connection.on_startup(client, message).await,
             Some(sasl) => {
                 let is_startup = matches!(message, PgWireFrontendMessage::Startup(_));

@@ -108,7 +108,12 @@ pub async fn serve(
                 };
                 let connection = Arc::new(Connection::new(shared.clone(), manager.clone()));
                 let handlers = Arc::new(Handlers {
-                    startup: Arc::new(Startup::new(&shared.users, connection.clone(), manager.clone())),
+                    startup: Arc::new(Startup::new(
+                        &shared.users,
+                        shared.tls_cert_pem.clone(),
+                        connection.clone(),
+                        manager.clone(),
+                    )),
                     connection,
                     cancel: cancel.clone(),
                 });

@@ -107,6 +107,8 @@ pub struct Shared {
     pub options: ServerOptions,
     pub users: Arc<Users>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The `[tls]` certificate (PEM), for SCRAM channel binding (`tls-server-end-point`).
+    pub tls_cert_pem: Option<Arc<Vec<u8>>>,
     pub metrics: Arc<crate::metrics::Metrics>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
@@ -126,14 +128,18 @@ impl Shared {
         let trees = compile(&catalog, options.machine)?;
         let schedulers = schedulers(&trees, None);
         let users = Arc::new(Users::new(options.users.clone())?);
-        let tls = match &options.tls {
-            Some((cert, key)) => Some(tls_acceptor(cert, key)?),
-            None => None,
+        let (tls, tls_cert_pem) = match &options.tls {
+            Some((cert, key)) => (
+                Some(tls_acceptor(cert, key)?),
+                crate::auth::channel_binding_cert(cert),
+            ),
+            None => (None, None),
         };
         Ok(Arc::new(Shared {
             engine: Engine::new(),
             users,
             tls,
+            tls_cert_pem,
             metrics: Arc::default(),
             options,
             storage,
