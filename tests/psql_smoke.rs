@@ -161,18 +161,26 @@ fn psql_over_tls_with_scram_users() {
             &format!("127.0.0.1:{port}"),
         ],
     );
-    // channel_binding=require: the login must use SCRAM-SHA-256-PLUS, bound to the TLS
-    // certificate.
-    let psql = |user: &str, password: &str, sql: &str| {
+    let psql_with = |ssl: &str, user: &str, password: &str, sql: &str| {
         Command::new("psql")
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
             .arg(format!(
-                "host=127.0.0.1 port={port} user={user} dbname=x sslmode=require channel_binding=require"
+                "host=127.0.0.1 port={port} user={user} dbname=x {ssl}"
             ))
             .args(["-c", sql])
             .env("PGPASSWORD", password)
             .output()
             .expect("psql runs")
+    };
+    // channel_binding=require: the login must use SCRAM-SHA-256-PLUS, bound to the TLS
+    // certificate.
+    let psql = |user: &str, password: &str, sql: &str| {
+        psql_with(
+            "sslmode=require channel_binding=require",
+            user,
+            password,
+            sql,
+        )
     };
     let out = psql(
         "ops",
@@ -187,14 +195,7 @@ fn psql_over_tls_with_scram_users() {
     );
     assert!(text.contains("tls 1"), "{text}");
     // Without TLS the same user logs in with plain SCRAM-SHA-256 (no binding to offer).
-    let plain = Command::new("psql")
-        .args(["-X", "-A", "-t", "-c", "SELECT 'plain'"])
-        .arg(format!(
-            "host=127.0.0.1 port={port} user=ops dbname=x sslmode=disable"
-        ))
-        .env("PGPASSWORD", "s3cret pass")
-        .output()
-        .expect("psql runs");
+    let plain = psql_with("sslmode=disable", "ops", "s3cret pass", "SELECT 'plain'");
     assert!(
         String::from_utf8_lossy(&plain.stdout).contains("plain"),
         "{}",

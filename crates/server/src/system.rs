@@ -47,7 +47,7 @@ fn string_lists(values: Vec<Vec<&str>>) -> ArrayRef {
 /// Rebuilds the system tables if `query` mentions one (they are only as fresh as the last
 /// rebuild, and rebuilding retires the engine's cached plans, so other queries skip it).
 pub fn refresh_if_mentioned(shared: &Shared, query: &str) -> Result<()> {
-    if query.to_ascii_lowercase().contains("system.") {
+    if sluice_sql::mentions(query, "system.") {
         refresh(shared)?;
     }
     Ok(())

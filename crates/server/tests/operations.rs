@@ -199,22 +199,6 @@ async fn a_waiting_query_is_told_where_it_waits() {
     server.stop().await;
 }
 
-/// Waits (bounded) until `system.processes` shows `n` statements running besides the probe.
-async fn until_running(client: &Client, n: usize) {
-    for _ in 0..500 {
-        let running = column(
-            client,
-            "SELECT count(*) - 1 FROM system.processes WHERE state = 'running'",
-        )
-        .await;
-        if running == [n.to_string()] {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never saw {n} running statements");
-}
-
 /// A server with one query slot in workload `w` and the given grace period.
 async fn one_slot(grace: Duration) -> (tempfile::TempDir, TestServer, Client) {
     let dir = tempfile::tempdir().expect("tempdir");

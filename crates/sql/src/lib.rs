@@ -25,6 +25,6 @@ pub use ast::{
 };
 pub use error::{Error, ErrorCode, Position, Result};
 pub use parser::{
-    collapse_whitespace, parse_script, parse_statement, split_settings, QueryMarkup,
+    collapse_whitespace, mentions, parse_script, parse_statement, split_settings, QueryMarkup,
     ScriptStatement,
 };

@@ -148,6 +148,13 @@ pub struct QueryMarkup {
 /// top-level `SETTINGS` word after which only such a list (and an optional `;`) follows; a
 /// `SETTINGS` that is followed by anything else (a column alias, say) is left in place. Text
 /// that does not tokenize is returned unchanged, for the engine to report.
+/// Whether `text` contains `needle`, ASCII case ignored; no allocation (it runs on every query).
+pub fn mentions(text: &str, needle: &str) -> bool {
+    text.as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
 pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
     let unchanged = || QueryMarkup {
         query: sql.to_string(),
@@ -155,11 +162,7 @@ pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
     };
     // Most queries have no tail: they are not tokenized at all (this runs on every query,
     // up to three times per extended-protocol round trip).
-    let mentions_settings = sql
-        .as_bytes()
-        .windows(b"settings".len())
-        .any(|w| w.eq_ignore_ascii_case(b"settings"));
-    if sql.len() > MAX_INPUT_BYTES || !mentions_settings {
+    if sql.len() > MAX_INPUT_BYTES || !mentions(sql, "settings") {
         return Ok(unchanged());
     }
     let mut tokens = Vec::new();

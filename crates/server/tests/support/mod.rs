@@ -117,18 +117,30 @@ pub async fn column(client: &Client, sql: &str) -> Vec<String> {
 
 /// Waits (bounded) until `system.processes` shows `n` statements waiting.
 pub async fn until_waiting(client: &Client, n: usize) {
+    until_count(
+        client,
+        "SELECT count(*) FROM system.processes WHERE state = 'waiting'",
+        n,
+    )
+    .await;
+}
+
+/// Waits (bounded) until `system.processes` shows `n` statements running besides the probe.
+#[allow(dead_code)] // not every test binary uses it
+pub async fn until_running(client: &Client, n: usize) {
+    let probe = "SELECT count(*) - 1 FROM system.processes WHERE state = 'running'";
+    until_count(client, probe, n).await;
+}
+
+/// Waits (bounded, 5 s) until the one-value query `sql` answers `n`.
+async fn until_count(client: &Client, sql: &str, n: usize) {
     for _ in 0..500 {
-        let waiting = column(
-            client,
-            "SELECT count(*) FROM system.processes WHERE state = 'waiting'",
-        )
-        .await;
-        if waiting == [n.to_string()] {
+        if column(client, sql).await == [n.to_string()] {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("never saw {n} waiting statements");
+    panic!("never saw {n} from {sql}");
 }
 
 /// A server on a fresh data dir, with `ddl` applied through an admin connection.
