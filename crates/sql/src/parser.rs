@@ -835,6 +835,15 @@ mod tests {
     }
 
     #[test]
+    fn mentions_ignores_ascii_case_only() {
+        assert!(mentions("select 1 SeTtInGs workload = 'x'", "settings"));
+        assert!(mentions("SELECT * FROM SYSTEM.processes", "system."));
+        assert!(!mentions("SELECT 1", "settings"));
+        assert!(!mentions("SELECT * FROM system_processes", "system."));
+        assert!(!mentions("set", "settings"));
+    }
+
+    #[test]
     fn scripts_split_on_semicolons_and_drop_line_comments() {
         let items = parse_script(
             "-- setup\nCREATE WORKLOAD all; /* keep */ CREATE   WORKLOAD a IN all -- c\n SETTINGS weight=2;\n;DROP x",
