@@ -11,6 +11,11 @@ use sluice_sql::{
 
 use crate::settings::WorkloadSettings;
 
+/// SQLSTATEs more precise than BAD_ARGUMENTS' 22023, for what a Postgres client tells apart:
+/// an entity that exists already, and one that others still reference.
+const DUPLICATE_OBJECT: &str = "42710";
+const DEPENDENT_OBJECTS_STILL_EXIST: &str = "2BP01";
+
 /// How deep the workload tree may grow. ClickHouse sets no bound; sluice does, so that walking,
 /// compiling and dropping a tree (which recurse once per level) can never exhaust a stack.
 pub const MAX_WORKLOAD_DEPTH: usize = 256;
@@ -288,7 +293,8 @@ impl Catalog {
             if !replace {
                 return Err(Error::bad_arguments(format!(
                     "Workload entity '{name}' already exists"
-                )));
+                ))
+                .with_sqlstate(DUPLICATE_OBJECT));
             }
             if old.origin == Origin::Config {
                 return Err(Error::bad_arguments(format!(
@@ -299,12 +305,14 @@ impl Catalog {
                 (Entity::Workload(_), Entity::Resource(_)) => {
                     return Err(Error::bad_arguments(format!(
                         "Workload entity '{name}' already exists, but it is not a resource"
-                    )))
+                    ))
+                    .with_sqlstate(DUPLICATE_OBJECT))
                 }
                 (Entity::Resource(_), Entity::Workload(_)) => {
                     return Err(Error::bad_arguments(format!(
                         "Workload entity '{name}' already exists, but it is not a workload"
-                    )))
+                    ))
+                    .with_sqlstate(DUPLICATE_OBJECT))
                 }
                 (Entity::Workload(old), Entity::Workload(new)) => {
                     if old.parent.is_none() && new.parent.is_some() {
@@ -490,7 +498,8 @@ impl Catalog {
             return Err(Error::bad_arguments(format!(
                 "Workload entity '{}' cannot be dropped. It is referenced by:{list}",
                 d.name
-            )));
+            ))
+            .with_sqlstate(DEPENDENT_OBJECTS_STILL_EXIST));
         }
         let parent = self.workload(&d.name).and_then(|w| w.parent.clone());
         self.relink(&d.name, parent.as_deref(), None);

@@ -5,7 +5,9 @@
 //!   cancel requests go through pgwire's connection manager.
 //! - [`wire`]: the message loop over a socket that sends each response in one write.
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
-//!   engine queries), the `SETTINGS` tail, admission through the QUERY schedulers.
+//!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY
+//!   schedulers, rows streamed from the engine.
+//! - [`watch`]: noticing a client that went away while its statement waits or runs.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight.
 //! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
@@ -16,7 +18,10 @@
 //!   running ones get `shutdown_grace` before they are stopped.
 //! - DDL is applied one statement at a time, persisted before it is published.
 //! - A query's permits and its `system.processes` entry are released when its response has
-//!   been sent, or when it is cancelled or its client goes away (its future is dropped).
+//!   been sent, or when it is cancelled or its client goes away (the connection's watch
+//!   drops the statement while it waits or runs; a failed write drops it while it streams).
+//! - The server knows engines only through `sluice_engine`'s `Engine` and `Session` traits;
+//!   their work runs on the engine's threads, never on the runtime serving sockets.
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
@@ -28,6 +33,7 @@ pub mod params;
 pub mod session;
 pub mod state;
 pub mod system;
+pub mod watch;
 pub mod wire;
 
 use std::future::Future;
@@ -44,7 +50,11 @@ pub use state::{CpuSlotOptions, Phase, ServerOptions, Shared};
 
 /// A connection that is not on the wire, for running scripts in process (`sluice local`).
 pub fn local_connection(shared: Arc<Shared>) -> Connection {
-    Connection::new(shared, Arc::new(ConnectionManager::new()))
+    Connection::new(
+        shared,
+        Arc::new(ConnectionManager::new()),
+        watch::ClientWatch::none(),
+    )
 }
 
 struct Handlers {
@@ -106,7 +116,8 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let connection = Arc::new(Connection::new(shared.clone(), manager.clone()));
+                let watch = watch::ClientWatch::new(&socket);
+                let connection = Arc::new(Connection::new(shared.clone(), manager.clone(), watch));
                 let handlers = Arc::new(Handlers {
                     startup: Arc::new(Startup::new(
                         &shared.users,

@@ -1,18 +1,28 @@
 //! One client connection: its settings, statement routing, admission, and the pgwire handlers
-//! (startup, simple and extended query). Routing, in order:
+//! (startup, simple and extended query). Each text is lexed once into
+//! [`sluice_sql::ClientStatement`]s, and routing is a match on that enum:
 //! 1. workload DDL (`CREATE|DROP WORKLOAD|RESOURCE`) → the catalog;
 //! 2. session settings (`SET|RESET|SHOW workload`, and other `SET`s clients send at connect);
 //! 3. conveniences: `SHOW WORKLOADS`, `SHOW RESOURCES`, `SHOW CREATE WORKLOAD|RESOURCE name`;
-//! 4. anything else: its `SETTINGS` tail is taken off, it is admitted through every QUERY
-//!    resource's scheduler in its workload, then run by the engine.
+//! 4. transaction control, answered with the tags drivers expect (the embedded engine has no
+//!    transactions; a `ROLLBACK` that cannot undo writes says so);
+//! 5. any other statement (a [`Query`], its `SETTINGS` tail already off): admitted through
+//!    every QUERY resource's scheduler in its workload, then run by the engine, its rows
+//!    streamed to the client batch by batch while the permits are held.
+//!
+//! While a statement waits or runs, the connection's [`ClientWatch`] notices a client that
+//! went away, and the statement is dropped: its queue place or its permits are freed at once.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::{stream, Sink, SinkExt, StreamExt};
+use futures::{stream, Sink, SinkExt, Stream, StreamExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -29,13 +39,17 @@ use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
 use sluice_engine::datafusion::common::ScalarValue;
-use sluice_engine::{first_keyword, QueryOutput, Session};
-use sluice_sql::{parse_statement, split_settings, Error, ErrorCode, Literal, Result, Statement};
+use sluice_engine::{collected, BatchStream, ExecuteOptions, QueryOutput, Session};
+use sluice_sql::{
+    ClientStatement, EntityKind, Error, ErrorCode, Literal, Query, Result, StatementKind,
+    TransactionControl,
+};
 
 use crate::encode;
-use crate::error::{from_engine, to_pg};
+use crate::error::to_pg;
 use crate::params;
 use crate::state::{access_denied, shutting_down, Phase, Shared};
+use crate::watch::ClientWatch;
 
 /// Query-level settings sluice honours (the `SETTINGS` tail).
 #[derive(Debug, Default)]
@@ -99,99 +113,17 @@ fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
     Ok(out)
 }
 
-/// What a statement is, by its first words (comments skipped).
-#[derive(Debug, PartialEq)]
-enum Route {
-    WorkloadDdl,
-    SetVar {
-        name: String,
-        value: Option<String>,
-    },
-    ShowVar(String),
-    ShowEntities(&'static str),
-    ShowCreate,
-    /// `BEGIN`, `COMMIT`, …: sluice runs each statement on its own (as autocommit); drivers
-    /// that wrap statements in transactions get the tags they expect.
-    Transaction(&'static str),
-    Engine,
-}
-
-fn words(sql: &str, n: usize) -> Vec<String> {
-    let head = first_keyword(sql);
-    let start = sql.to_ascii_uppercase().find(&head).unwrap_or(0);
-    sql[start..]
-        .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
-        .filter(|w| !w.is_empty())
-        .take(n)
-        .map(|w| w.to_string())
-        .collect()
-}
-
-fn route(sql: &str) -> Route {
-    let w = words(sql, 4);
-    let up: Vec<String> = w.iter().map(|s| s.to_ascii_uppercase()).collect();
-    let is_entity = |s: Option<&String>| s.is_some_and(|s| s == "WORKLOAD" || s == "RESOURCE");
-    match up.first().map(String::as_str) {
-        Some("CREATE")
-            if is_entity(up.get(1))
-                || (up.get(1).is_some_and(|s| s == "OR") && is_entity(up.get(3))) =>
-        {
-            Route::WorkloadDdl
-        }
-        Some("DROP") if is_entity(up.get(1)) => Route::WorkloadDdl,
-        Some("BEGIN") | Some("START") => Route::Transaction("BEGIN"),
-        Some("COMMIT") | Some("END") => Route::Transaction("COMMIT"),
-        Some("ROLLBACK") | Some("ABORT") => Route::Transaction("ROLLBACK"),
-        Some("SHOW") if up.get(1).is_some_and(|s| s == "WORKLOADS") => {
-            Route::ShowEntities("workloads")
-        }
-        Some("SHOW") if up.get(1).is_some_and(|s| s == "RESOURCES") => {
-            Route::ShowEntities("resources")
-        }
-        Some("SHOW") if up.get(1).is_some_and(|s| s == "CREATE") && is_entity(up.get(2)) => {
-            Route::ShowCreate
-        }
-        Some("SHOW")
-            if up.get(1).is_some_and(|s| {
-                !s.starts_with("DATAFUSION.") && s != "ALL" && s != "TABLES" && s != "COLUMNS"
-            }) =>
-        {
-            Route::ShowVar(w[1].to_ascii_lowercase())
-        }
-        Some("RESET") if w.len() > 1 => Route::SetVar {
-            name: w[1].to_ascii_lowercase(),
-            value: None,
-        },
-        Some("SET") if w.len() > 1 && !up[1].starts_with("DATAFUSION.") => {
-            let rest = sql.trim().trim_end_matches(';');
-            let after_name = rest
-                .split_once(&w[1][..])
-                .map_or("", |(_, tail)| tail)
-                .trim_start();
-            let value = after_name
-                .strip_prefix('=')
-                .or_else(|| {
-                    after_name
-                        .strip_prefix("TO ")
-                        .or_else(|| after_name.strip_prefix("to "))
-                })
-                .unwrap_or(after_name)
-                .trim();
-            let value = value.trim_matches('\'').trim_matches('"').to_string();
-            let name = w[1].to_ascii_lowercase();
-            Route::SetVar {
-                value: (!value.eq_ignore_ascii_case("default")).then_some(value),
-                name,
-            }
-        }
-        _ => Route::Engine,
-    }
+/// What a statement tells the client besides its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Notice,
+    Warning,
 }
 
 /// Where a statement's notices go while it runs: the client, or nowhere.
 #[async_trait]
 pub trait Notices: Send {
-    async fn notice(&mut self, text: String);
+    async fn notice(&mut self, severity: Severity, sqlstate: &str, text: String);
 }
 
 /// Notices dropped (`sluice local`).
@@ -200,7 +132,7 @@ pub struct NoNotices;
 
 #[async_trait]
 impl Notices for NoNotices {
-    async fn notice(&mut self, _text: String) {}
+    async fn notice(&mut self, _severity: Severity, _sqlstate: &str, _text: String) {}
 }
 
 /// Notices sent to the client as NoticeResponse messages, at once (before the statement's
@@ -212,8 +144,12 @@ impl<C> Notices for ClientNotices<'_, C>
 where
     C: Sink<PgWireBackendMessage> + Unpin + Send,
 {
-    async fn notice(&mut self, text: String) {
-        let info = ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), text);
+    async fn notice(&mut self, severity: Severity, sqlstate: &str, text: String) {
+        let severity = match severity {
+            Severity::Notice => "NOTICE",
+            Severity::Warning => "WARNING",
+        };
+        let info = ErrorInfo::new(severity.to_owned(), sqlstate.to_owned(), text);
         // A client gone away is noticed by the statement's own I/O; nothing to do here.
         let _ = self
             .0
@@ -222,14 +158,23 @@ where
     }
 }
 
+/// Where a transaction block stands (the embedded engine runs each statement on its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    None,
+    Open { wrote: bool },
+}
+
 /// A connection's handlers and state.
 pub struct Connection {
     shared: Arc<Shared>,
-    session: Session,
+    session: Box<dyn Session>,
     /// Session variables: `workload`, and whatever else clients `SET`.
     vars: Mutex<HashMap<String, String>>,
+    block: Mutex<Block>,
     manager: Arc<ConnectionManager>,
     parser: Arc<NoopQueryParser>,
+    watch: Arc<ClientWatch>,
 }
 
 impl Debug for Connection {
@@ -238,26 +183,59 @@ impl Debug for Connection {
     }
 }
 
+/// What a statement holds until its last row is sent (its process entry, permits, gauges).
+type Held = Vec<Box<dyn Send + Sync>>;
+
 /// A result on its way to the client: rows (with what must stay held until they are sent) or
 /// a command tag.
 enum Outcome {
     Rows {
         schema: Arc<Schema>,
-        batches: Vec<RecordBatch>,
-        hold: Vec<Box<dyn Send + Sync>>,
+        batches: BatchStream,
+        hold: Held,
     },
     Command(Tag),
 }
 
+/// Why a statement stops before its end, whichever comes first.
+type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
+
+/// A statement's rows, ended by its [`Stop`]: the error is the last item.
+struct Stoppable {
+    batches: BatchStream,
+    stop: Option<Stop>,
+}
+
+impl Stream for Stoppable {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Some(stop) = self.stop.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Poll::Ready(e) = stop.as_mut().poll(cx) {
+            self.stop = None;
+            return Poll::Ready(Some(Err(e)));
+        }
+        let next = self.batches.as_mut().poll_next(cx);
+        if matches!(next, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.stop = None;
+        }
+        next
+    }
+}
+
 impl Connection {
-    pub fn new(shared: Arc<Shared>, manager: Arc<ConnectionManager>) -> Self {
+    pub fn new(shared: Arc<Shared>, manager: Arc<ConnectionManager>, watch: ClientWatch) -> Self {
         let session = shared.engine.session();
         Connection {
             shared,
             session,
             vars: Mutex::new(HashMap::new()),
+            block: Mutex::new(Block::None),
             manager,
             parser: Arc::new(NoopQueryParser::new()),
+            watch: Arc::new(watch),
         }
     }
 
@@ -277,56 +255,56 @@ impl Connection {
         };
     }
 
+    fn block(&self) -> std::sync::MutexGuard<'_, Block> {
+        self.block.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn run(
         &self,
         user: &str,
-        sql: &str,
+        statement: ClientStatement,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
-        let route = route(sql);
-        if !params.is_empty() && route != Route::Engine {
+        if !params.is_empty() && !statement.is_query() {
             return Err(Error::new(
                 ErrorCode::BadArguments,
                 "only queries take bind parameters; send this statement without them",
             ));
         }
-        match route {
-            Route::WorkloadDdl => {
+        match statement {
+            ClientStatement::Workload(stmt) => {
                 if !self.shared.users.is_admin(user) {
                     return Err(Error::new(
                         ErrorCode::AccessDenied,
                         format!("{user}: Not enough privileges. To change workloads and resources, the user needs admin = true in [[users]]"),
                     ));
                 }
-                let stmt = parse_statement(sql)?;
                 self.shared.apply_ddl(&stmt).await?;
                 let tag = match &stmt {
-                    Statement::CreateWorkload(_) => "CREATE WORKLOAD",
-                    Statement::CreateResource(_) => "CREATE RESOURCE",
-                    Statement::Drop(d) => match d.kind {
-                        sluice_sql::EntityKind::Workload => "DROP WORKLOAD",
-                        sluice_sql::EntityKind::Resource => "DROP RESOURCE",
+                    sluice_sql::Statement::CreateWorkload(_) => "CREATE WORKLOAD",
+                    sluice_sql::Statement::CreateResource(_) => "CREATE RESOURCE",
+                    sluice_sql::Statement::Drop(d) => match d.kind {
+                        EntityKind::Workload => "DROP WORKLOAD",
+                        EntityKind::Resource => "DROP RESOURCE",
                     },
                 };
                 Ok(Outcome::Command(Tag::new(tag)))
             }
-            Route::SetVar { name, value } => {
+            ClientStatement::Set { name, value, reset } => {
                 if name == "workload" {
                     if let Some(v) = &value {
                         self.check_pinned(user, v)?;
                     }
                 }
                 self.set_var(&name, value);
-                Ok(Outcome::Command(Tag::new(
-                    if sql.trim_start().to_ascii_uppercase().starts_with("RESET") {
-                        "RESET"
-                    } else {
-                        "SET"
-                    },
-                )))
+                Ok(Outcome::Command(Tag::new(if reset {
+                    "RESET"
+                } else {
+                    "SET"
+                })))
             }
-            Route::ShowVar(name) => {
+            ClientStatement::Show(name) => {
                 let value = if name == "workload" {
                     self.workload_of(user, None)?
                 } else {
@@ -334,34 +312,28 @@ impl Connection {
                 };
                 Ok(one_column(&name, vec![value]))
             }
-            Route::ShowEntities(kind) => {
+            ClientStatement::ShowEntities(kind) => {
                 let snapshot = self.shared.snapshot();
-                let names: Vec<String> = if kind == "workloads" {
-                    snapshot
+                let names: Vec<String> = match kind {
+                    EntityKind::Workload => snapshot
                         .catalog
                         .workloads()
                         .map(|w| w.name.clone())
-                        .collect()
-                } else {
-                    snapshot
+                        .collect(),
+                    EntityKind::Resource => snapshot
                         .catalog
                         .resources()
                         .map(|r| r.name.clone())
-                        .collect()
+                        .collect(),
                 };
                 Ok(one_column("name", names))
             }
-            Route::ShowCreate => {
-                let w = words(sql, 4);
-                let name = w
-                    .get(3)
-                    .map(|n| n.trim_matches('`').trim_matches('"').to_string())
-                    .unwrap_or_default();
+            ClientStatement::ShowCreate { kind, name } => {
                 let snapshot = self.shared.snapshot();
                 let stored = snapshot
                     .catalog
                     .get(&name)
-                    .filter(|s| s.entity.kind().keyword().eq_ignore_ascii_case(&w[2]))
+                    .filter(|s| s.entity.kind() == kind)
                     .ok_or_else(|| {
                         Error::new(
                             ErrorCode::ResourceNotFound,
@@ -373,8 +345,33 @@ impl Connection {
                     vec![stored.entity.create_query()],
                 ))
             }
-            Route::Transaction(tag) => Ok(Outcome::Command(Tag::new(tag))),
-            Route::Engine => self.run_query(user, sql, params, notices).await,
+            ClientStatement::Transaction(control) => {
+                let was = std::mem::replace(
+                    &mut *self.block(),
+                    match control {
+                        TransactionControl::Begin => Block::Open { wrote: false },
+                        _ => Block::None,
+                    },
+                );
+                if control == TransactionControl::Rollback && was == (Block::Open { wrote: true }) {
+                    notices
+                        .notice(
+                            Severity::Warning,
+                            "01000",
+                            "ROLLBACK did not undo this block's writes: sluice's embedded engine has no transactions, each statement took effect when it ran".into(),
+                        )
+                        .await;
+                }
+                Ok(Outcome::Command(Tag::new(control.tag())))
+            }
+            ClientStatement::Query(query) => {
+                if query.kind != StatementKind::Select {
+                    if let Block::Open { wrote } = &mut *self.block() {
+                        *wrote |= query.kind != StatementKind::Utility;
+                    }
+                }
+                self.run_query(user, query, params, notices).await
+            }
         }
     }
 
@@ -404,23 +401,53 @@ impl Connection {
         }
     }
 
+    /// What ends a statement early: its client going away, then (once admitted) the
+    /// server's grace period running out, and its `max_execution_time`.
+    fn stop(&self, max_execution_time: Option<Duration>) -> Stop {
+        let shared = self.shared.clone();
+        let watch = self.watch.clone();
+        let deadline = max_execution_time.map(|limit| (tokio::time::Instant::now() + limit, limit));
+        Box::pin(async move {
+            let timeout = async {
+                match deadline {
+                    Some((at, limit)) => {
+                        tokio::time::sleep_until(at).await;
+                        Error::new(
+                            ErrorCode::TimeoutExceeded,
+                            format!(
+                                "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}",
+                                limit.as_secs_f64(),
+                                limit.as_secs_f64()
+                            ),
+                        )
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = watch.gone() => client_gone(),
+                _ = shared.reached(Phase::Terminating) => shutting_down(Phase::Terminating),
+                e = timeout => e,
+            }
+        })
+    }
+
     async fn run_query(
         &self,
         user: &str,
-        sql: &str,
+        query: Query,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
-        let markup = split_settings(sql)?;
-        let settings = query_settings(&markup.settings)?;
+        let settings = query_settings(&query.settings)?;
         let workload = self.workload_of(user, settings.workload.clone())?;
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));
         }
         // Declared before the guard so that, however the statement ends (an error, a cancel
         // dropping this future), the guard goes first and the permits after it.
-        let mut hold: Vec<Box<dyn Send + Sync>> = Vec::new();
-        let guard = self.shared.register(user, &workload, &markup.query);
+        let mut hold: Held = Vec::new();
+        let guard = self.shared.register(user, &workload, &query.text);
         let snapshot = self.shared.snapshot();
         for (resource, scheduler) in &snapshot.schedulers {
             if !scheduler.has_workload(&workload) {
@@ -440,16 +467,21 @@ impl Connection {
             if !acquire.is_granted() {
                 guard.waiting_for(Some(resource));
                 notices
-                    .notice(format!(
-                        "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
-                        acquire.queue_path(),
-                        guard.query_id
-                    ))
+                    .notice(
+                        Severity::Notice,
+                        "00000",
+                        format!(
+                            "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
+                            acquire.queue_path(),
+                            guard.query_id
+                        ),
+                    )
                     .await;
             }
             let permit = tokio::select! {
                 permit = acquire => permit?,
                 _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+                _ = self.watch.gone() => return Err(client_gone()),
             };
             drop(counted_waiting);
             hold.push(Box::new(permit));
@@ -457,36 +489,25 @@ impl Connection {
             guard.waiting_for(None);
         }
         guard.running();
-        crate::system::refresh_if_mentioned(&self.shared, &markup.query)?;
-        let execute = self
-            .session
-            .execute(&markup.query, settings.max_threads, params);
-        let execute = async {
-            tokio::select! {
-                output = execute => output.map_err(|e| from_engine(&e)),
-                _ = self.shared.reached(Phase::Terminating) => Err(shutting_down(Phase::Terminating)),
-            }
+        crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
+        let options = ExecuteOptions {
+            target_partitions: settings.max_threads,
         };
-        let output = match settings.max_execution_time {
-            Some(limit) => tokio::time::timeout(limit, execute).await.map_err(|_| {
-                Error::new(
-                    ErrorCode::TimeoutExceeded,
-                    format!(
-                        "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}",
-                        limit.as_secs_f64(),
-                        limit.as_secs_f64()
-                    ),
-                )
-            })?,
-            None => execute.await,
-        }?;
+        let mut stop = self.stop(settings.max_execution_time);
+        let output = tokio::select! {
+            output = self.session.execute(&query.text, options, params) => output?,
+            e = &mut stop => return Err(e),
+        };
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
         hold.insert(0, Box::new(guard));
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
                 schema,
-                batches,
+                batches: Box::pin(Stoppable {
+                    batches,
+                    stop: Some(stop),
+                }),
                 hold,
             },
             QueryOutput::Command { tag, rows } => {
@@ -500,40 +521,37 @@ impl Connection {
     }
 
     /// The result columns of a statement, without running it.
-    async fn describe(&self, sql: &str) -> Result<Option<Arc<Schema>>> {
-        Ok(match route(sql) {
-            Route::WorkloadDdl | Route::SetVar { .. } | Route::Transaction(_) => None,
-            Route::ShowVar(name) => Some(text_schema(&name)),
-            Route::ShowEntities(_) => Some(text_schema("name")),
-            Route::ShowCreate => Some(text_schema("create_query")),
-            Route::Engine => {
-                let markup = split_settings(sql)?;
-                crate::system::refresh_if_mentioned(&self.shared, &markup.query)?;
-                self.session
-                    .describe(&markup.query)
-                    .await
-                    .map_err(|e| from_engine(&e))?
+    async fn describe(&self, statement: &ClientStatement) -> Result<Option<Arc<Schema>>> {
+        Ok(match statement {
+            ClientStatement::Workload(_)
+            | ClientStatement::Set { .. }
+            | ClientStatement::Transaction(_) => None,
+            ClientStatement::Show(name) => Some(text_schema(name)),
+            ClientStatement::ShowEntities(_) => Some(text_schema("name")),
+            ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
+            ClientStatement::Query(query) => {
+                crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
+                self.session.describe(&query.text).await?
             }
         })
     }
 
     /// The Postgres type of each placeholder of a statement: as declared by the client, else
     /// as the planner infers it, else `text`.
-    async fn parameter_types(&self, sql: &str, declared: &[Option<Type>]) -> Result<Vec<Type>> {
-        let inferred = if route(sql) == Route::Engine {
-            let markup = split_settings(sql)?;
-            if markup.query.contains('$') {
-                self.session
-                    .parameter_types(&markup.query)
-                    .await
-                    .map_err(|e| from_engine(&e))?
-            } else {
-                Vec::new()
+    async fn parameter_types(
+        &self,
+        statement: &ClientStatement,
+        sql: &str,
+        declared: &[Option<Type>],
+    ) -> Result<Vec<Type>> {
+        let inferred = match statement {
+            ClientStatement::Query(query) if query.text.contains('$') => {
+                self.session.parameter_types(&query.text).await?
             }
-        } else {
+            ClientStatement::Query(_) => Vec::new(),
             // Not for the engine: announce the placeholders anyway, so the client binds and
             // hears from `run` that this statement takes none.
-            vec![None; params::highest_placeholder(sql)]
+            _ => vec![None; params::highest_placeholder(sql)],
         };
         Ok(params::resolve_types(declared, &inferred))
     }
@@ -544,10 +562,16 @@ impl Connection {
         sql: &str,
         format: impl Fn(usize) -> FieldFormat,
     ) -> PgWireResult<Vec<FieldInfo>> {
-        Ok(match self.describe(sql).await.map_err(|e| to_pg(&e))? {
-            Some(schema) => encode::fields(&schema, format),
-            None => Vec::new(),
-        })
+        let statement = match sluice_sql::statement(sql).map_err(|e| to_pg(&e))? {
+            Some(statement) => statement,
+            None => return Ok(Vec::new()),
+        };
+        Ok(
+            match self.describe(&statement).await.map_err(|e| to_pg(&e))? {
+                Some(schema) => encode::fields(&schema, format),
+                None => Vec::new(),
+            },
+        )
     }
 
     fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
@@ -559,16 +583,33 @@ impl Connection {
                 hold,
             } => {
                 let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
-                let rows = encode::rows(&batches, fields.clone())?;
-                // The permits and the process entry live until the last row is sent.
-                let stream = stream::iter(rows).map(move |row| {
-                    let _held = &hold;
-                    Ok(row)
-                });
-                Ok(Response::Query(QueryResponse::new(fields, stream)))
+                let encoding = fields.clone();
+                // Each batch is encoded as it arrives; the permits and the process entry live
+                // until the last row is sent (or the stream is dropped).
+                let rows = batches
+                    .map(move |batch| {
+                        let _held = &hold;
+                        let rows = batch
+                            .map_err(|e| to_pg(&e))
+                            .and_then(|b| encode::rows(&[b], encoding.clone()));
+                        match rows {
+                            Ok(rows) => stream::iter(rows.into_iter().map(Ok).collect::<Vec<_>>()),
+                            Err(e) => stream::iter(vec![Err(e)]),
+                        }
+                    })
+                    .flatten();
+                Ok(Response::Query(QueryResponse::new(fields, rows)))
             }
         }
     }
+}
+
+/// The error of a statement whose client went away (nobody receives it; it ends the work).
+fn client_gone() -> Error {
+    Error::new(
+        ErrorCode::QueryWasCancelled,
+        "the client closed its connection; the statement was dropped",
+    )
 }
 
 fn text_schema(name: &str) -> Arc<Schema> {
@@ -580,7 +621,7 @@ fn one_column(name: &str, values: Vec<String>) -> Outcome {
     let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(values))]);
     Outcome::Rows {
         schema,
-        batches: batch.into_iter().collect(),
+        batches: collected(batch.into_iter().collect()),
         hold: Vec::new(),
     }
 }
@@ -602,17 +643,24 @@ impl Connection {
     /// admission and engine as a client connection.
     pub async fn run_local(&self, sql: &str) -> Result<LocalOutput> {
         use sluice_engine::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-        match self.run("local", sql, Vec::new(), &mut NoNotices).await? {
+        let Some(statement) = sluice_sql::statement(sql)? else {
+            return Ok(LocalOutput::Ok);
+        };
+        match self
+            .run("local", statement, Vec::new(), &mut NoNotices)
+            .await?
+        {
             Outcome::Command(_) => Ok(LocalOutput::Ok),
             Outcome::Rows {
                 schema,
-                batches,
+                mut batches,
                 hold,
             } => {
                 let options = FormatOptions::default().with_null("\\N");
                 let header = schema.fields().iter().map(|f| f.name().clone()).collect();
                 let mut rows = Vec::new();
-                for batch in &batches {
+                while let Some(batch) = batches.next().await {
+                    let batch = batch?;
                     let formatters: Vec<ArrayFormatter<'_>> = batch
                         .columns()
                         .iter()
@@ -635,11 +683,12 @@ impl Connection {
     }
 }
 
-/// Splits a script into statements at top-level `;` (quotes and `--` comments respected).
+/// Splits a script into statements at top-level `;` (quotes and comments respected, see
+/// [`sluice_sql::statement`]), each without the comments before it.
 pub fn script_statements(script: &str) -> Vec<String> {
-    split_statements(script)
+    sluice_sql::statement::split(script)
         .into_iter()
-        .map(|s| s.trim().to_string())
+        .map(|lexed| script[lexed.span].trim().to_string())
         .filter(|s| !s.is_empty())
         .collect()
 }
@@ -704,53 +753,16 @@ impl SimpleQueryHandler for Connection {
         let user = user_of(client);
         let mut responses = Vec::new();
         // A simple query may hold several statements; each runs in turn, the first error stops.
-        for statement in split_statements(query) {
+        for statement in sluice_sql::statements(query) {
+            let statement = statement.map_err(|e| to_pg(&e))?;
             let outcome = self
-                .run(&user, &statement, Vec::new(), &mut ClientNotices(client))
+                .run(&user, statement, Vec::new(), &mut ClientNotices(client))
                 .await
                 .map_err(|e| to_pg(&e))?;
             responses.push(self.respond(outcome, &Format::UnifiedText)?);
         }
         Ok(responses)
     }
-}
-
-/// Splits a simple-protocol query at top-level `;` (quotes and comments respected).
-fn split_statements(query: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut chars = query.chars().peekable();
-    let mut quote: Option<char> = None;
-    while let Some(c) = chars.next() {
-        current.push(c);
-        match quote {
-            Some(q) if c == q => quote = None,
-            Some(_) => {}
-            None => match c {
-                '\'' | '"' | '`' => quote = Some(c),
-                '-' if chars.peek() == Some(&'-') => {
-                    for c in chars.by_ref() {
-                        current.push(c);
-                        if c == '\n' {
-                            break;
-                        }
-                    }
-                }
-                ';' => {
-                    current.pop();
-                    if !current.trim().is_empty() {
-                        out.push(std::mem::take(&mut current));
-                    }
-                    current.clear();
-                }
-                _ => {}
-            },
-        }
-    }
-    if !current.trim().is_empty() {
-        out.push(current);
-    }
-    out
 }
 
 #[async_trait]
@@ -775,9 +787,12 @@ impl ExtendedQueryHandler for Connection {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let sql = &portal.statement.statement;
+        let Some(statement) = sluice_sql::statement(sql).map_err(|e| to_pg(&e))? else {
+            return Ok(Response::EmptyQuery);
+        };
         let values = if portal.parameter_len() > 0 {
             let types = self
-                .parameter_types(sql, &portal.statement.parameter_types)
+                .bind_types(&statement, sql, &portal.statement.parameter_types, portal)
                 .await
                 .map_err(|e| to_pg(&e))?;
             params::values(portal, &types)?
@@ -786,7 +801,7 @@ impl ExtendedQueryHandler for Connection {
         };
         let user = user_of(client);
         let outcome = self
-            .run(&user, sql, values, &mut ClientNotices(client))
+            .run(&user, statement, values, &mut ClientNotices(client))
             .await
             .map_err(|e| to_pg(&e))?;
         self.respond(outcome, &portal.result_column_format)
@@ -801,10 +816,14 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        let params = self
-            .parameter_types(&stmt.statement, &stmt.parameter_types)
-            .await
-            .map_err(|e| to_pg(&e))?;
+        let statement = sluice_sql::statement(&stmt.statement).map_err(|e| to_pg(&e))?;
+        let params = match &statement {
+            Some(statement) => self
+                .parameter_types(statement, &stmt.statement, &stmt.parameter_types)
+                .await
+                .map_err(|e| to_pg(&e))?,
+            None => Vec::new(),
+        };
         let fields = self
             .describe_fields(&stmt.statement, |_| FieldFormat::Text)
             .await?;
@@ -829,54 +848,29 @@ impl ExtendedQueryHandler for Connection {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes() {
-        assert_eq!(route("create or replace workload x"), Route::WorkloadDdl);
-        assert_eq!(route("  DROP RESOURCE r;"), Route::WorkloadDdl);
-        assert_eq!(route("CREATE TABLE t (x int)"), Route::Engine);
-        assert_eq!(
-            route("SET workload = 'prod'"),
-            Route::SetVar {
-                name: "workload".into(),
-                value: Some("prod".into())
-            }
-        );
-        assert_eq!(
-            route("set workload to dev"),
-            Route::SetVar {
-                name: "workload".into(),
-                value: Some("dev".into())
-            }
-        );
-        assert_eq!(
-            route("RESET workload"),
-            Route::SetVar {
-                name: "workload".into(),
-                value: None
-            }
-        );
-        assert_eq!(route("SHOW workload"), Route::ShowVar("workload".into()));
-        assert_eq!(route("SHOW WORKLOADS"), Route::ShowEntities("workloads"));
-        assert_eq!(route("show create workload all"), Route::ShowCreate);
-        assert_eq!(
-            route("SET datafusion.execution.batch_size = 10"),
-            Route::Engine
-        );
-        assert_eq!(route("SELECT 1 SETTINGS workload = 'x'"), Route::Engine);
-        assert_eq!(route("begin"), Route::Transaction("BEGIN"));
-        assert_eq!(route("START TRANSACTION"), Route::Transaction("BEGIN"));
-        assert_eq!(route("COMMIT;"), Route::Transaction("COMMIT"));
-    }
-
-    #[test]
-    fn statements_split_outside_quotes() {
-        assert_eq!(
-            split_statements("select 1; select ';'; -- x;\n select 2"),
-            ["select 1", " select ';'", " -- x;\n select 2"]
-        );
+impl Connection {
+    /// The types to decode a portal's values with. Values the client declared a type for, and
+    /// values sent as text, need no planning (the engine casts each to its placeholder's
+    /// type); only an undeclared value in binary needs the inferred type to be read at all.
+    async fn bind_types<S: Clone>(
+        &self,
+        statement: &ClientStatement,
+        sql: &str,
+        declared: &[Option<Type>],
+        portal: &Portal<S>,
+    ) -> Result<Vec<Type>> {
+        let undeclared_binary = (0..portal.parameter_len()).any(|i| {
+            let known = declared
+                .get(i)
+                .cloned()
+                .flatten()
+                .is_some_and(|t| t != Type::UNKNOWN);
+            !known && portal.parameter_format.is_binary(i)
+        });
+        if undeclared_binary {
+            self.parameter_types(statement, sql, declared).await
+        } else {
+            Ok(params::resolve_types(declared, &[]))
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::auth::{tls_acceptor, User, Users};
 use sluice_catalog::{config_layer, Catalog, DiskStorage};
-use sluice_engine::Engine;
+use sluice_engine::{Embedded, Engine};
 use sluice_sched::{compile, recompile, Machine, ResourceScheduler, SchedulerTrees, TokioClock};
 use sluice_sql::{CostUnit, Error, ErrorCode, Result, Statement};
 
@@ -103,7 +103,7 @@ pub struct Process {
 }
 
 pub struct Shared {
-    pub engine: Engine,
+    pub engine: Arc<dyn Engine>,
     pub options: ServerOptions,
     pub users: Arc<Users>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
@@ -135,8 +135,14 @@ impl Shared {
             ),
             None => (None, None),
         };
+        let engine = Embedded::new().map_err(|e| {
+            Error::new(
+                ErrorCode::InternalError,
+                format!("cannot start the engine's threads: {e}"),
+            )
+        })?;
         Ok(Arc::new(Shared {
-            engine: Engine::new(),
+            engine: Arc::new(engine),
             users,
             tls,
             tls_cert_pem,

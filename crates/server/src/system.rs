@@ -57,12 +57,7 @@ pub fn refresh_if_mentioned(shared: &Shared, query: &str) -> Result<()> {
 pub fn refresh(shared: &Shared) -> Result<()> {
     let snapshot = shared.snapshot();
     let catalog = &snapshot.catalog;
-    let set = |name: &str, b: RecordBatch| {
-        shared
-            .engine
-            .set_table("system", name, b)
-            .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
-    };
+    let set = |name: &str, b: RecordBatch| shared.engine.publish_table("system", name, b);
 
     let workloads: Vec<_> = catalog.workloads().collect();
     set(

@@ -27,6 +27,12 @@ pub enum ErrorCode {
     UnknownTable,
     UnknownIdentifier,
     NotImplemented,
+    /// A statement nested deeper than sluice plans (ClickHouse's `max_ast_depth`).
+    TooDeepAst,
+    /// Division by zero in a query.
+    IllegalDivision,
+    /// A value that does not fit the type it is cast or written to.
+    CannotConvertType,
     /// The server is shutting down: the statement was not run, or was stopped.
     Aborted,
     /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
@@ -58,6 +64,9 @@ impl ErrorCode {
             ErrorCode::UnknownTable => "UNKNOWN_TABLE",
             ErrorCode::UnknownIdentifier => "UNKNOWN_IDENTIFIER",
             ErrorCode::NotImplemented => "NOT_IMPLEMENTED",
+            ErrorCode::TooDeepAst => "TOO_DEEP_AST",
+            ErrorCode::IllegalDivision => "ILLEGAL_DIVISION",
+            ErrorCode::CannotConvertType => "CANNOT_CONVERT_TYPE",
             ErrorCode::Aborted => "ABORTED",
             ErrorCode::InternalError => "LOGICAL_ERROR",
         }
@@ -87,6 +96,9 @@ impl ErrorCode {
             ErrorCode::UnknownTable => 60,
             ErrorCode::UnknownIdentifier => 47,
             ErrorCode::NotImplemented => 48,
+            ErrorCode::TooDeepAst => 167,
+            ErrorCode::IllegalDivision => 153,
+            ErrorCode::CannotConvertType => 70,
             ErrorCode::Aborted => 236,
             ErrorCode::InternalError => 49,
         }
@@ -100,6 +112,9 @@ impl ErrorCode {
             ErrorCode::UnknownTable => "42P01",
             ErrorCode::UnknownIdentifier => "42703",
             ErrorCode::NotImplemented => "0A000",
+            ErrorCode::TooDeepAst => "54001",
+            ErrorCode::IllegalDivision => "22012",
+            ErrorCode::CannotConvertType => "22P02",
             ErrorCode::Aborted => "57P01",
             ErrorCode::BadArguments
             | ErrorCode::BadGet
@@ -144,6 +159,9 @@ pub struct Error {
     pub message: String,
     /// For syntax errors: where in the statement text the parser stopped.
     pub position: Option<Position>,
+    /// A SQLSTATE more precise than the code's own: ClickHouse says BAD_ARGUMENTS for a
+    /// duplicate entity, where a Postgres client expects 42710.
+    pub sqlstate: Option<&'static str>,
 }
 
 impl Error {
@@ -156,7 +174,18 @@ impl Error {
             code,
             message,
             position: None,
+            sqlstate: None,
         }
+    }
+
+    /// The SQLSTATE a Postgres client receives: the override, else the code's.
+    pub fn sqlstate(&self) -> &'static str {
+        self.sqlstate.unwrap_or_else(|| self.code.sqlstate())
+    }
+
+    pub fn with_sqlstate(mut self, sqlstate: &'static str) -> Self {
+        self.sqlstate = Some(sqlstate);
+        self
     }
 
     pub fn with_position(mut self, position: Position) -> Self {

@@ -3,7 +3,9 @@
 //! Owns the text side of ClickHouse's workload DDL: tokenizing (sqlparser's tokenizer with
 //! ClickHouse's lexical rules, [`parser::SluiceDialect`]), the statements ([`ast`]), taking the
 //! `SETTINGS` tail off any query ([`parser::split_settings`]), and their
-//! canonical text, which is exactly ClickHouse 26.9's normalized `create_query`.
+//! canonical text, which is exactly ClickHouse 26.9's normalized `create_query`; and the
+//! statement model of everything clients send ([`statement`]: one lexing pass splits a text
+//! into statements and says what each is, so the server routes on an enum).
 //! It also owns the error codes every layer reports ([`error`]).
 //!
 //! Invariants:
@@ -17,6 +19,7 @@
 pub mod ast;
 pub mod error;
 pub mod parser;
+pub mod statement;
 
 pub use ast::{
     format_float, is_bare_identifier, CostUnit, CreateOptions, CreateResource, CreateWorkload,
@@ -27,4 +30,8 @@ pub use error::{Error, ErrorCode, Position, Result};
 pub use parser::{
     collapse_whitespace, mentions, parse_script, parse_statement, split_settings, QueryMarkup,
     ScriptStatement,
+};
+pub use statement::{
+    statement, statements, Query, Statement as ClientStatement, StatementKind, TransactionControl,
+    MAX_NESTING,
 };

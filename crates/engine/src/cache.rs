@@ -1,0 +1,154 @@
+//! The per-session plan cache: optimized plans of plain queries, and physical plans beside them
+//! when a reset makes every node new (see the crate docs for the invariant).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::logical_expr::Volatility;
+
+/// A session's planning state and its cache.
+pub(crate) struct Planning {
+    pub(crate) state: datafusion::execution::session_state::SessionState,
+    pub(crate) task: Arc<datafusion::execution::TaskContext>,
+    /// Optimized plans of plain queries by statement text (see [`cacheable`]).
+    pub(crate) cache: HashMap<String, CachedPlan>,
+}
+
+pub(crate) struct CachedPlan {
+    pub(crate) generation: u64,
+    pub(crate) plan: datafusion::logical_expr::LogicalPlan,
+    pub(crate) names: Option<Vec<Option<String>>>,
+    /// The physical plan too, when every node of it can run again after a reset (see
+    /// [`reusable`]). Never executed itself: each run gets a reset copy.
+    pub(crate) physical: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+}
+
+/// Plans kept per session; past this many the cache starts afresh.
+const PLAN_CACHE_ENTRIES: usize = 256;
+
+impl Planning {
+    pub(crate) fn of(state: &datafusion::execution::session_state::SessionState) -> Planning {
+        Planning {
+            state: state.clone(),
+            task: state.task_ctx(),
+            cache: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn target_partitions(&self) -> usize {
+        self.state.config().options().execution.target_partitions
+    }
+
+    /// The cached plan of `sql`, unless something changed since it was made.
+    pub(crate) fn cached(&self, sql: &str, generation: u64) -> Option<&CachedPlan> {
+        self.cache.get(sql).filter(|c| c.generation == generation)
+    }
+
+    pub(crate) fn remember(
+        &mut self,
+        sql: &str,
+        generation: u64,
+        plan: datafusion::logical_expr::LogicalPlan,
+        names: Option<Vec<Option<String>>>,
+    ) {
+        // Plans of an older generation are never used again; they may hold whole tables.
+        self.cache.retain(|_, c| c.generation == generation);
+        if self.cache.len() >= PLAN_CACHE_ENTRIES {
+            self.cache.clear();
+        }
+        let cached = CachedPlan {
+            generation,
+            plan,
+            names,
+            physical: None,
+        };
+        self.cache.insert(sql.to_string(), cached);
+    }
+}
+
+/// Whether an optimized plan may be reused for the same text: no placeholders, and only
+/// immutable functions (the optimizer folds `now()` and friends into constants, so a plan
+/// with a stable or volatile function is only right for the moment it was made).
+pub(crate) fn cacheable(plan: &datafusion::logical_expr::LogicalPlan) -> bool {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::{Expr, LogicalPlan as P};
+    if matches!(plan, P::Explain(_) | P::Analyze(_)) {
+        return false;
+    }
+    let mut ok = true;
+    let _ = plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                let fixed = match e {
+                    Expr::Placeholder(_) => false,
+                    Expr::ScalarFunction(f) => {
+                        f.func.signature().volatility == Volatility::Immutable
+                    }
+                    _ => true,
+                };
+                if !fixed {
+                    ok = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        Ok(if ok {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    ok
+}
+
+/// Whether a physical plan can be kept and run again after
+/// [`reset_plan_states`](datafusion::physical_plan::execution_plan::reset_plan_states): only
+/// nodes whose every run starts afresh from a reset copy. Scans of files are left out (the
+/// files on disk may change between runs; a memory table cannot without a DML that bumps the
+/// generation), and so are joins and anything with dynamic filters (a reset does not reach
+/// the copies of a filter pushed into other nodes).
+pub(crate) fn reusable(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> bool {
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan as pp;
+    let node: &dyn pp::ExecutionPlan = plan.as_ref();
+    #[allow(deprecated)]
+    let known = node
+        .downcast_ref::<pp::projection::ProjectionExec>()
+        .is_some()
+        || node
+            .downcast_ref::<pp::placeholder_row::PlaceholderRowExec>()
+            .is_some()
+        || node.downcast_ref::<pp::empty::EmptyExec>().is_some()
+        || node.downcast_ref::<pp::filter::FilterExec>().is_some()
+        || node
+            .downcast_ref::<pp::coalesce_batches::CoalesceBatchesExec>()
+            .is_some()
+        || node
+            .downcast_ref::<pp::coalesce_partitions::CoalescePartitionsExec>()
+            .is_some()
+        || node.downcast_ref::<pp::limit::GlobalLimitExec>().is_some()
+        || node.downcast_ref::<pp::limit::LocalLimitExec>().is_some()
+        || node
+            .downcast_ref::<pp::repartition::RepartitionExec>()
+            .is_some()
+        || node
+            .downcast_ref::<pp::sorts::sort_preserving_merge::SortPreservingMergeExec>()
+            .is_some()
+        || node.downcast_ref::<pp::union::UnionExec>().is_some()
+        || node.downcast_ref::<pp::memory::LazyMemoryExec>().is_some()
+        || node.downcast_ref::<pp::coop::CooperativeExec>().is_some()
+        || node
+            .downcast_ref::<pp::aggregates::AggregateExec>()
+            .is_some()
+        || node.downcast_ref::<pp::sorts::sort::SortExec>().is_some();
+    let ok = (known
+        || node.downcast_ref::<DataSourceExec>().is_some_and(|d| {
+            d.data_source()
+                .downcast_ref::<MemorySourceConfig>()
+                .is_some()
+        }))
+        && node.dynamic_expressions_produced().is_empty();
+    ok && plan.children().into_iter().all(reusable)
+}

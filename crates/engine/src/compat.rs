@@ -1,0 +1,214 @@
+//! What Postgres clients expect where DataFusion differs: `generate_series` as a set-returning
+//! function, result columns named as Postgres names them, command tags.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+
+/// `generate_series` as Postgres has it, where DataFusion differs: in a select list it is a
+/// set-returning function (one row per value; DataFusion's returns one list), so it is
+/// unnested there; in `FROM` its column is named after the function or the table alias
+/// (DataFusion calls it `value`). Applied to every query in the statement (subqueries,
+/// CTEs, `CREATE TABLE … AS`, `INSERT … SELECT`).
+pub(crate) fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::Statement) {
+    use datafusion::sql::sqlparser::ast::{Query, VisitMut, VisitorMut};
+    use std::ops::ControlFlow;
+    struct Series;
+    impl VisitorMut for Series {
+        type Break = ();
+        fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+            set_returning_series(query);
+            ControlFlow::Continue(())
+        }
+    }
+    let _ = statement.visit(&mut Series);
+}
+
+/// [`postgres_series`] for one query's own select lists and `FROM` clauses (its subqueries
+/// are queries of their own).
+fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident,
+        ObjectName, SelectItem, SetExpr, TableAlias, TableAliasColumnDef, TableFactor,
+    };
+    fn is_series(name: &ObjectName) -> bool {
+        name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
+            i.quote_style.is_none() && i.value.eq_ignore_ascii_case("generate_series")
+        })
+    }
+    fn unnest(expr: &mut Expr) -> bool {
+        let Expr::Function(f) = expr else {
+            return false;
+        };
+        if !is_series(&f.name) {
+            return false;
+        }
+        let mut wrapper = f.clone();
+        wrapper.name = ObjectName::from(vec![Ident::new("unnest")]);
+        wrapper.args = FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(expr.clone()))],
+            clauses: vec![],
+        });
+        *expr = Expr::Function(wrapper);
+        true
+    }
+    fn relation(factor: &mut TableFactor) {
+        match factor {
+            TableFactor::Table {
+                name,
+                alias,
+                args: Some(_),
+                with_ordinality: false,
+                ..
+            } if is_series(name) => {
+                let alias = alias.get_or_insert_with(|| TableAlias {
+                    explicit: true,
+                    name: Ident::new("generate_series"),
+                    columns: vec![],
+                    at: None,
+                });
+                if alias.columns.is_empty() {
+                    alias.columns = vec![TableAliasColumnDef::from_name(alias.name.value.clone())];
+                }
+            }
+            TableFactor::NestedJoin {
+                table_with_joins, ..
+            } => {
+                relation(&mut table_with_joins.relation);
+                for join in &mut table_with_joins.joins {
+                    relation(&mut join.relation);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn body(set: &mut SetExpr) {
+        match set {
+            SetExpr::Select(select) => {
+                for item in &mut select.projection {
+                    let unnamed = match item {
+                        SelectItem::UnnamedExpr(expr) => unnest(expr).then(|| expr.clone()),
+                        SelectItem::ExprWithAlias { expr, .. } => {
+                            unnest(expr);
+                            None
+                        }
+                        _ => None,
+                    };
+                    // Postgres names the column after the function.
+                    if let Some(expr) = unnamed {
+                        *item = SelectItem::ExprWithAlias {
+                            expr,
+                            alias: Ident::new("generate_series"),
+                        };
+                    }
+                }
+                for from in &mut select.from {
+                    relation(&mut from.relation);
+                    for join in &mut from.joins {
+                        relation(&mut join.relation);
+                    }
+                }
+            }
+            SetExpr::SetOperation { left, right, .. } => {
+                body(left);
+                body(right);
+            }
+            _ => {}
+        }
+    }
+    body(&mut query.body);
+}
+
+/// What Postgres would call each result column of a plain `SELECT` where DataFusion's name is
+/// an expression's text: a function's name (`count`), a cast column's name, else `?column?`.
+/// `None` for an item DataFusion already names as Postgres does (aliases, columns), and for
+/// statements whose columns do not map one to one (wildcards, set operations).
+pub(crate) fn column_names(
+    statement: &datafusion::sql::parser::Statement,
+) -> Option<Vec<Option<String>>> {
+    use datafusion::sql::sqlparser::ast::{Expr, SelectItem, SetExpr, Statement};
+    fn name(expr: &Expr) -> Option<String> {
+        match expr {
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => None,
+            Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_lowercase()),
+            Expr::Cast { expr, .. } | Expr::Nested(expr) => match expr.as_ref() {
+                Expr::Identifier(i) => Some(i.value.clone()),
+                Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+                inner => name(inner),
+            },
+            _ => Some("?column?".to_string()),
+        }
+    }
+    let datafusion::sql::parser::Statement::Statement(statement) = statement else {
+        return None;
+    };
+    let Statement::Query(query) = statement.as_ref() else {
+        return None;
+    };
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return None;
+    };
+    select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Some(name(e)),
+            SelectItem::ExprWithAlias { .. } => Some(None),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The result schema with the Postgres names of [`column_names`] where they apply.
+pub(crate) fn postgres_names(
+    schema: &datafusion::arrow::datatypes::Schema,
+    names: Option<Vec<Option<String>>>,
+) -> SchemaRef {
+    match names {
+        Some(names) if names.len() == schema.fields().len() => Arc::new(
+            datafusion::arrow::datatypes::Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .zip(names)
+                    .map(|(f, n)| match n {
+                        Some(n) => Arc::new(f.as_ref().clone().with_name(n)),
+                        None => f.clone(),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .with_metadata(schema.metadata().clone()),
+        ),
+        _ => Arc::new(schema.clone()),
+    }
+}
+
+/// Rows counted by a DML statement's result (DataFusion returns one `count` column).
+pub(crate) fn count(batches: &[RecordBatch]) -> usize {
+    batches
+        .iter()
+        .filter_map(|b| b.columns().first())
+        .filter_map(|c| {
+            c.as_any()
+                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                .map(|a| a.iter().flatten().sum::<u64>() as usize)
+        })
+        .sum()
+}
+
+/// `CREATE TABLE`, `DROP VIEW`, … : the first two words (three for `CREATE EXTERNAL TABLE`).
+pub(crate) fn command_tag(sql: &str) -> String {
+    let words: Vec<String> = sql
+        .split_whitespace()
+        .take(4)
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    match words.as_slice() {
+        [a, b, _, d, ..] if b == "OR" => format!("{a} {d}"),
+        [a, b, ..] if b == "EXTERNAL" || b == "UNBOUNDED" => format!("{a} TABLE"),
+        [a, b, ..] => format!("{a} {b}"),
+        _ => words.join(" "),
+    }
+}

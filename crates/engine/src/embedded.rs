@@ -1,0 +1,613 @@
+//! The embedded engine: Apache DataFusion, on threads of its own.
+//!
+//! Every statement is planned and run as a task on the engine's runtime (big stacks, its own
+//! worker threads), never on the runtime that serves sockets: a heavy plan or a CPU-bound
+//! query cannot delay another client's `SELECT 1`, a cancel, or the accept loop. Rows come
+//! back through a channel of [`BATCHES_IN_FLIGHT`] batches, so a result far larger than memory
+//! streams in bounded memory; dropping the stream (cancel, disconnect, the last row sent) aborts
+//! the task and with it the statement's work.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use datafusion::error::DataFusionError;
+use datafusion::execution::context::SessionContext;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionConfig;
+use futures::{Stream, StreamExt};
+use sluice_sql::{Error, ErrorCode, Result};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::cache::{cacheable, reusable, Planning};
+use crate::compat::{column_names, command_tag, count, postgres_names, postgres_series};
+use crate::error::{engine_failure, from_datafusion};
+use crate::{BatchStream, Engine, ExecuteOptions, QueryOutput, Session};
+
+/// Batches a running statement may have produced ahead of the client.
+pub const BATCHES_IN_FLIGHT: usize = 2;
+
+/// Stack of each engine thread. Only the pages a statement touches are committed; planning is
+/// bounded in depth by [`sluice_sql::MAX_NESTING`] and DataFusion's own recursion guards, and
+/// this leaves room for both with a wide margin.
+pub const ENGINE_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+fn df(e: DataFusionError) -> Error {
+    from_datafusion(&e)
+}
+
+/// Where engine tasks run: a runtime the engine owns (the server's case), or a handle given to
+/// it (tests in virtual time).
+struct EngineRuntime {
+    handle: tokio::runtime::Handle,
+    owned: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for EngineRuntime {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which is not allowed inside another runtime.
+        if let Some(runtime) = self.owned.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The embedded DataFusion engine: shared catalogs, and a template for sessions.
+#[derive(Clone)]
+pub struct Embedded {
+    base: SessionContext,
+    /// Bumped by anything that may change what a statement plans to: DDL, SET, DML in any
+    /// session, and system-table refreshes. Cached plans of an older generation are dropped.
+    generation: Arc<AtomicU64>,
+    runtime: Arc<EngineRuntime>,
+}
+
+impl std::fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedded").finish_non_exhaustive()
+    }
+}
+
+impl Embedded {
+    /// An engine with a runtime of its own: one worker thread per core.
+    pub fn new() -> std::io::Result<Embedded> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("sluice-engine")
+            .thread_stack_size(ENGINE_STACK_BYTES)
+            .enable_all()
+            .build()?;
+        Ok(Embedded::with_runtime(EngineRuntime {
+            handle: runtime.handle().clone(),
+            owned: Some(runtime),
+        }))
+    }
+
+    /// An engine whose tasks run on `handle` (tests that pause time run it on their own
+    /// runtime).
+    pub fn on(handle: tokio::runtime::Handle) -> Embedded {
+        Embedded::with_runtime(EngineRuntime {
+            handle,
+            owned: None,
+        })
+    }
+
+    fn with_runtime(runtime: EngineRuntime) -> Embedded {
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_default_catalog_and_schema("datafusion", "public");
+        let base = SessionContext::new_with_config(config);
+        crate::functions::register(&base);
+        Embedded {
+            base,
+            generation: Arc::default(),
+            runtime: Arc::new(runtime),
+        }
+    }
+
+    /// A new session of this engine (see [`Engine::session`]), with its concrete type.
+    pub fn embedded_session(&self) -> EmbeddedSession {
+        let state = SessionStateBuilder::new_from_existing(self.base.state()).build();
+        EmbeddedSession {
+            inner: Arc::new(SessionInner {
+                generation: self.generation.clone(),
+                planning: tokio::sync::Mutex::new(Planning::of(&state)),
+                ctx: SessionContext::new_with_state(state),
+            }),
+            runtime: self.runtime.clone(),
+        }
+    }
+}
+
+impl Engine for Embedded {
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(self.embedded_session())
+    }
+
+    fn publish_table(&self, schema: &str, name: &str, batch: RecordBatch) -> Result<()> {
+        use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+        use datafusion::datasource::MemTable;
+        let catalog = self.base.catalog("datafusion").ok_or_else(|| {
+            Error::new(
+                ErrorCode::InternalError,
+                "the engine has no default catalog",
+            )
+        })?;
+        let provider = match catalog.schema(schema) {
+            Some(p) => p,
+            None => {
+                let p: Arc<dyn SchemaProvider> = Arc::new(MemorySchemaProvider::new());
+                catalog.register_schema(schema, p.clone()).map_err(df)?;
+                p
+            }
+        };
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).map_err(df)?;
+        provider.deregister_table(name).map_err(df)?;
+        provider
+            .register_table(name.to_string(), Arc::new(table))
+            .map_err(df)?;
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// One client's session: shares the engine's catalogs (tables), owns its settings.
+pub struct EmbeddedSession {
+    pub(crate) inner: Arc<SessionInner>,
+    runtime: Arc<EngineRuntime>,
+}
+
+impl std::fmt::Debug for EmbeddedSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedSession").finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct SessionInner {
+    ctx: SessionContext,
+    /// A copy of the session's state kept for planning queries, and the task context derived
+    /// from it: `SessionContext::state()` clones every function registry, which was most of
+    /// the cost of a small query. Refreshed after any statement that may change the session
+    /// (SET, DDL); tables live in the shared catalogs, so new ones are seen without refresh.
+    /// A connection runs one statement at a time, so the lock is never contended.
+    pub(crate) planning: tokio::sync::Mutex<Planning>,
+    generation: Arc<AtomicU64>,
+}
+
+/// A task on the engine runtime, aborted when this is dropped.
+struct EngineTask(Option<JoinHandle<()>>);
+
+impl Drop for EngineTask {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+impl EngineTask {
+    /// Why a task ended without answering: it panicked (or was stopped with the runtime).
+    async fn failure(mut self) -> Error {
+        match self.0.take() {
+            Some(task) => match task.await {
+                Err(e) if e.is_panic() => engine_failure(e.into_panic().as_ref()),
+                _ => Error::new(ErrorCode::Aborted, "the engine stopped the statement"),
+            },
+            None => Error::new(ErrorCode::Aborted, "the engine stopped the statement"),
+        }
+    }
+}
+
+impl EmbeddedSession {
+    /// Runs `work` on the engine runtime and waits for its answer; dropping the returned
+    /// future aborts it.
+    async fn on_engine<T, F>(&self, work: impl FnOnce(Arc<SessionInner>) -> F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let future = work(self.inner.clone());
+        let task = EngineTask(Some(self.runtime.handle.spawn(async move {
+            let _ = tx.send(future.await);
+        })));
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => Err(task.failure().await),
+        }
+    }
+}
+
+/// What a started statement gives first: the columns of its rows (which follow on the
+/// channel), or its whole outcome.
+enum Head {
+    Rows(SchemaRef),
+    Done(QueryOutput),
+}
+
+#[async_trait]
+impl Session for EmbeddedSession {
+    async fn execute(
+        &self,
+        sql: &str,
+        options: ExecuteOptions,
+        params: Vec<ScalarValue>,
+    ) -> Result<QueryOutput> {
+        let (head_tx, head_rx) = oneshot::channel::<Result<Head>>();
+        let (batch_tx, batch_rx) = mpsc::channel(BATCHES_IN_FLIGHT);
+        let inner = self.inner.clone();
+        let sql = sql.to_string();
+        let task = EngineTask(Some(self.runtime.handle.spawn(async move {
+            match inner.start(&sql, options, params).await {
+                Err(e) => {
+                    let _ = head_tx.send(Err(e));
+                }
+                Ok(Started::Done(output)) => {
+                    let _ = head_tx.send(Ok(Head::Done(output)));
+                }
+                Ok(Started::Rows(schema, mut stream)) => {
+                    if head_tx.send(Ok(Head::Rows(schema))).is_err() {
+                        return;
+                    }
+                    while let Some(batch) = stream.next().await {
+                        let failed = batch.is_err();
+                        if batch_tx.send(batch.map_err(df)).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+            }
+        })));
+        match head_rx.await {
+            Ok(Ok(Head::Rows(schema))) => Ok(QueryOutput::Rows {
+                schema,
+                batches: Box::pin(Batches {
+                    rx: batch_rx,
+                    task: Some(task),
+                    ending: None,
+                }),
+            }),
+            Ok(Ok(Head::Done(output))) => Ok(output),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(task.failure().await),
+        }
+    }
+
+    async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>> {
+        let sql = sql.to_string();
+        self.on_engine(|inner| async move { inner.describe(&sql).await })
+            .await
+    }
+
+    async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<DataType>>> {
+        let sql = sql.to_string();
+        self.on_engine(|inner| async move {
+            let planning = inner.planning.lock().await;
+            let (plan, _) = plan(&planning.state, &sql).await?;
+            drop(planning);
+            parameter_types(&plan)
+        })
+        .await
+    }
+}
+
+/// The rows of a running statement, batch by batch; dropping it stops the statement.
+struct Batches {
+    rx: mpsc::Receiver<Result<RecordBatch>>,
+    task: Option<EngineTask>,
+    /// Once the channel is closed: how the task ended (a panic is reported, not taken for
+    /// the end of the rows).
+    ending: Option<Pin<Box<dyn std::future::Future<Output = Option<Error>> + Send>>>,
+}
+
+impl Stream for Batches {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ending.is_none() {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(batch)) => return Poll::Ready(Some(batch)),
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    let task = self.task.take();
+                    self.ending = Some(Box::pin(async move {
+                        let mut task = task?;
+                        let handle = task.0.take()?;
+                        match handle.await {
+                            Err(e) if e.is_panic() => Some(engine_failure(e.into_panic().as_ref())),
+                            _ => None,
+                        }
+                    }));
+                }
+            }
+        }
+        match self.ending.as_mut().map(|e| e.as_mut().poll(cx)) {
+            Some(Poll::Ready(failure)) => {
+                self.ending = Some(Box::pin(async { None }));
+                Poll::Ready(failure.map(Err))
+            }
+            Some(Poll::Pending) => Poll::Pending,
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+/// A statement planned: rows to stream, or an outcome already complete.
+enum Started {
+    Rows(SchemaRef, datafusion::execution::SendableRecordBatchStream),
+    Done(QueryOutput),
+}
+
+/// What a planned statement does next: run its physical plan, or be applied by the
+/// `SessionContext` (DDL, SET, DML).
+enum Next {
+    Run(
+        Arc<dyn ExecutionPlan>,
+        Arc<datafusion::execution::TaskContext>,
+    ),
+    Apply(LogicalPlan),
+}
+
+/// Plans that change nothing but produce rows: run straight from the planning state. Others
+/// (DDL, SET, DML, COPY) go through the `SessionContext`, which knows how to apply them.
+fn is_plain_query(plan: &LogicalPlan) -> bool {
+    use datafusion::logical_expr::LogicalPlan as P;
+    !matches!(
+        plan,
+        P::Ddl(_) | P::Statement(_) | P::Dml(_) | P::Copy(_) | P::DescribeTable(_)
+    )
+}
+
+/// What an applied statement answers, decided by its plan.
+enum Answer {
+    /// A command tag, with the rows it affected when Postgres counts them.
+    Tag(String, bool),
+    Rows,
+}
+
+fn answer(plan: &LogicalPlan, sql: &str) -> Answer {
+    use datafusion::logical_expr::{LogicalPlan as P, Statement as S, WriteOp};
+    match plan {
+        P::Dml(d) => match d.op {
+            WriteOp::Insert(_) => Answer::Tag("INSERT 0".into(), true),
+            WriteOp::Update => Answer::Tag("UPDATE".into(), true),
+            WriteOp::Delete => Answer::Tag("DELETE".into(), true),
+            _ => Answer::Tag("INSERT 0".into(), true),
+        },
+        P::Copy(_) => Answer::Tag("COPY".into(), true),
+        P::Ddl(_) => Answer::Tag(command_tag(sql), false),
+        P::Statement(S::SetVariable(_)) => Answer::Tag("SET".into(), false),
+        P::Statement(_) => Answer::Tag(
+            sql.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_uppercase(),
+            false,
+        ),
+        _ => Answer::Rows,
+    }
+}
+
+/// The types of a plan's placeholders `$1`, `$2`, … in order (`None`: not inferable).
+fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
+    let mut by_index: Vec<(usize, Option<DataType>)> = plan
+        .get_parameter_types()
+        .map_err(df)?
+        .into_iter()
+        .filter_map(|(name, ty)| Some((name.strip_prefix('$')?.parse::<usize>().ok()?, ty)))
+        .collect();
+    by_index.sort_by_key(|(i, _)| *i);
+    let len = by_index.last().map_or(0, |(i, _)| *i);
+    let mut out = vec![None; len];
+    for (i, ty) in by_index {
+        if i > 0 {
+            out[i - 1] = ty;
+        }
+    }
+    Ok(out)
+}
+
+/// Binds `params` into `plan`, each cast to the type the plan gives its placeholder (the
+/// column it is compared with or written into), as PostgreSQL casts a parameter to its
+/// inferred type: a driver that sends an `int2` for an `INT` column writes an `INT`.
+fn bind(plan: LogicalPlan, params: Vec<ScalarValue>) -> Result<LogicalPlan> {
+    let types = parameter_types(&plan)?;
+    let params = params
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| match types.get(i).cloned().flatten() {
+            Some(target) if target != value.data_type() => value.cast_to(&target).map_err(|e| {
+                Error::new(
+                    ErrorCode::CannotConvertType,
+                    format!(
+                        "parameter ${} ({value}) cannot be taken as {target}: {e}",
+                        i + 1
+                    ),
+                )
+                .with_sqlstate("22P02")
+            }),
+            _ => Ok(value),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    plan.with_param_values(params).map_err(df)
+}
+
+impl SessionInner {
+    /// Plans one statement and starts it: a query's stream of batches, or a command applied
+    /// to completion.
+    async fn start(
+        &self,
+        sql: &str,
+        options: ExecuteOptions,
+        params: Vec<ScalarValue>,
+    ) -> Result<Started> {
+        let generation = self.generation.load(Ordering::SeqCst);
+        // Planned under the session's lock; run after it is released.
+        let (schema, next) = {
+            let mut planning = self.planning.lock().await;
+            // A statement's own max_threads: a one-off planning state, the session's untouched.
+            let mut one_off = options
+                .target_partitions
+                .filter(|&n| n > 0 && n != planning.target_partitions())
+                .map(|n| {
+                    let mut state = self.ctx.state();
+                    state.config_mut().options_mut().execution.target_partitions = n;
+                    Planning::of(&state)
+                });
+            let use_cache = params.is_empty() && one_off.is_none();
+            let active = match one_off.as_mut() {
+                Some(p) => p,
+                None => &mut *planning,
+            };
+            active.state.mark_start_execution();
+            let cached = use_cache
+                .then(|| active.cached(sql, generation))
+                .flatten()
+                .map(|c| (c.plan.clone(), c.names.clone(), c.physical.clone()));
+            let from_cache = cached.is_some();
+            let (cached, kept_physical) = match cached {
+                Some((plan, names, physical)) => (Some((plan, names)), physical),
+                None => (None, None),
+            };
+            let (plan, names) = match cached {
+                Some(hit) => hit,
+                None => {
+                    let (plan, names) = plan(&active.state, sql).await?;
+                    if params.is_empty() {
+                        (plan, names)
+                    } else {
+                        (bind(plan, params)?, names)
+                    }
+                }
+            };
+            let schema = postgres_names(plan.schema().as_arrow(), names.clone());
+            let next = if !is_plain_query(&plan) {
+                Next::Apply(plan)
+            } else {
+                let optimized = if from_cache {
+                    plan
+                } else {
+                    let optimized = active.state.optimize(&plan).map_err(df)?;
+                    if use_cache && cacheable(&plan) {
+                        active.remember(sql, generation, optimized.clone(), names);
+                    }
+                    optimized
+                };
+                use datafusion::physical_plan::execution_plan::reset_plan_states;
+                let physical = match kept_physical {
+                    Some(kept) => reset_plan_states(kept).map_err(df)?,
+                    None => {
+                        let planner = active.state.query_planner().clone();
+                        let physical = planner
+                            .create_physical_plan(&optimized, &active.state)
+                            .await
+                            .map_err(df)?;
+                        match active.cache.get_mut(sql) {
+                            Some(entry)
+                                if use_cache
+                                    && entry.generation == generation
+                                    && reusable(&physical) =>
+                            {
+                                entry.physical = Some(physical.clone());
+                                reset_plan_states(physical).map_err(df)?
+                            }
+                            _ => physical,
+                        }
+                    }
+                };
+                Next::Run(physical, active.task.clone())
+            };
+            (schema, next)
+        };
+        match next {
+            Next::Run(physical, task) => {
+                let stream =
+                    datafusion::physical_plan::execute_stream(physical, task).map_err(df)?;
+                if schema.fields().is_empty() {
+                    // Nothing to show (an empty projection): run it, answer with a tag.
+                    let batches: Vec<RecordBatch> = stream
+                        .collect::<Vec<_>>()
+                        .await
+                        .into_iter()
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(df)?;
+                    return Ok(Started::Done(QueryOutput::Command {
+                        tag: "SELECT".into(),
+                        rows: Some(batches.iter().map(|b| b.num_rows()).sum()),
+                    }));
+                }
+                Ok(Started::Rows(schema, stream))
+            }
+            Next::Apply(plan) => {
+                let answer = answer(&plan, sql);
+                // Bumped before and after: a plan cached while this runs is retired too.
+                self.generation.fetch_add(1, Ordering::SeqCst);
+                let batches = match self.ctx.execute_logical_plan(plan).await {
+                    Ok(frame) => frame.collect().await,
+                    Err(e) => Err(e),
+                };
+                self.generation.fetch_add(1, Ordering::SeqCst);
+                // SET and DDL may have changed the session: plan with what it is now.
+                *self.planning.lock().await = Planning::of(&self.ctx.state());
+                let batches = batches.map_err(df)?;
+                Ok(Started::Done(match answer {
+                    Answer::Tag(tag, counted) => QueryOutput::Command {
+                        rows: counted.then(|| count(&batches)),
+                        tag,
+                    },
+                    Answer::Rows => QueryOutput::Rows {
+                        schema,
+                        batches: collected(batches),
+                    },
+                }))
+            }
+        }
+    }
+
+    /// The result columns of a statement, planned but not run (DDL is not executed); `None`
+    /// for a statement that returns no rows.
+    async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>> {
+        let planning = self.planning.lock().await;
+        let generation = self.generation.load(Ordering::SeqCst);
+        if let Some(c) = planning.cached(sql, generation) {
+            // A cached plan's columns are the statement's (drivers Describe before each run).
+            let schema = postgres_names(c.plan.schema().as_arrow(), c.names.clone());
+            return Ok((!schema.fields().is_empty()).then_some(schema));
+        }
+        let (plan, names) = plan(&planning.state, sql).await?;
+        if !matches!(answer(&plan, sql), Answer::Rows) {
+            return Ok(None);
+        }
+        let schema = postgres_names(plan.schema().as_arrow(), names);
+        Ok((!schema.fields().is_empty()).then_some(schema))
+    }
+}
+
+/// Batches already complete, as a stream.
+pub fn collected(batches: Vec<RecordBatch>) -> BatchStream {
+    Box::pin(futures::stream::iter(batches.into_iter().map(Ok)))
+}
+
+/// Parses and plans one statement; also returns the Postgres names of its result columns.
+async fn plan(
+    state: &SessionState,
+    sql: &str,
+) -> Result<(LogicalPlan, Option<Vec<Option<String>>>)> {
+    let dialect = state.config().options().sql_parser.dialect;
+    let mut statement = state.sql_to_statement(sql, &dialect).map_err(df)?;
+    if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
+        postgres_series(inner);
+    }
+    let names = column_names(&statement);
+    let plan = state.statement_to_plan(statement).await.map_err(df)?;
+    Ok((plan, names))
+}

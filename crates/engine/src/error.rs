@@ -1,0 +1,83 @@
+//! The one mapping of DataFusion's errors to sluice's: a ClickHouse code and the SQLSTATE a
+//! Postgres client would get for the same failure, decided on the error's variant.
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+use datafusion::sql::sqlparser::parser::ParserError;
+use sluice_sql::{Error, ErrorCode};
+
+/// An engine error as sluice reports it.
+pub fn from_datafusion(e: &DataFusionError) -> Error {
+    let text = e.to_string();
+    let root = e.find_root();
+    let (code, sqlstate) = match root {
+        DataFusionError::SQL(p, _) if matches!(**p, ParserError::RecursionLimitExceeded) => {
+            (ErrorCode::TooDeepAst, None)
+        }
+        DataFusionError::SQL(..) => (ErrorCode::SyntaxError, None),
+        DataFusionError::NotImplemented(_) => (ErrorCode::NotImplemented, None),
+        // DataFusion has no variant of its own for a missing table.
+        DataFusionError::Plan(m) if m.contains("table") && m.contains("not found") => {
+            (ErrorCode::UnknownTable, None)
+        }
+        DataFusionError::SchemaError(..) => (ErrorCode::UnknownIdentifier, None),
+        DataFusionError::Plan(_) => (ErrorCode::BadArguments, None),
+        DataFusionError::ResourcesExhausted(_) => (ErrorCode::ResourceLimitExceeded, None),
+        DataFusionError::ArrowError(a, _) => match a.as_ref() {
+            ArrowError::DivideByZero => (ErrorCode::IllegalDivision, None),
+            ArrowError::CastError(_) | ArrowError::ParseError(_) => {
+                (ErrorCode::CannotConvertType, None)
+            }
+            // numeric_value_out_of_range
+            ArrowError::ArithmeticOverflow(_) => (ErrorCode::BadArguments, Some("22003")),
+            _ => (ErrorCode::InternalError, None),
+        },
+        DataFusionError::Execution(m) if m.contains("Divide by zero") => {
+            (ErrorCode::IllegalDivision, None)
+        }
+        DataFusionError::Execution(m) if m.contains("Cannot cast") || m.contains("cast") => {
+            (ErrorCode::CannotConvertType, None)
+        }
+        // A statement's own runtime failure (a bad argument to a function, say): the user's.
+        DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
+        _ => (ErrorCode::InternalError, None),
+    };
+    let error = Error::new(code, text);
+    match sqlstate {
+        Some(s) => error.with_sqlstate(s),
+        None => error,
+    }
+}
+
+/// A statement whose engine task panicked: the panic is contained (the server and the other
+/// statements go on) and reported as what it is.
+pub fn engine_failure(panic: &(dyn std::any::Any + Send)) -> Error {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("no message");
+    Error::new(
+        ErrorCode::InternalError,
+        format!(
+            "the engine failed while running the statement (a bug; the server goes on): {detail}"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_variant() {
+        let div = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
+        assert_eq!(from_datafusion(&div).sqlstate(), "22012");
+        let cast = DataFusionError::ArrowError(Box::new(ArrowError::CastError("x".into())), None);
+        assert_eq!(from_datafusion(&cast).code, ErrorCode::CannotConvertType);
+        let deep = DataFusionError::SQL(Box::new(ParserError::RecursionLimitExceeded), None);
+        assert_eq!(from_datafusion(&deep).sqlstate(), "54001");
+        let missing = DataFusionError::Plan("table 'x' not found".into());
+        assert_eq!(from_datafusion(&missing).sqlstate(), "42P01");
+    }
+}

@@ -1,0 +1,342 @@
+//! The embedded engine's behaviour, through the [`Session`] interface the server uses.
+
+use std::time::Duration;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::TryStreamExt;
+
+use crate::embedded::EmbeddedSession;
+use crate::{Embedded, ExecuteOptions, QueryOutput, Session};
+
+fn engine() -> Embedded {
+    Embedded::new().expect("engine runtime starts")
+}
+
+/// Runs `sql` to its end: its batches, or its tag.
+async fn run(
+    s: &EmbeddedSession,
+    sql: &str,
+) -> Result<Result<Vec<RecordBatch>, (String, Option<usize>)>, sluice_sql::Error> {
+    match s.execute(sql, ExecuteOptions::default(), vec![]).await? {
+        QueryOutput::Rows { batches, .. } => Ok(Ok(batches.try_collect().await?)),
+        QueryOutput::Command { tag, rows } => Ok(Err((tag, rows))),
+    }
+}
+
+#[tokio::test]
+async fn sessions_share_tables_not_settings() {
+    let engine = engine();
+    let a = engine.embedded_session();
+    let b = engine.embedded_session();
+    text(&a, "CREATE TABLE t (x INT)").await;
+    let out = run(&a, "INSERT INTO t VALUES (1), (2)")
+        .await
+        .expect("insert");
+    assert_eq!(out, Err(("INSERT 0".to_string(), Some(2))));
+    let batches = run(&b, "SELECT sum(x) FROM t")
+        .await
+        .expect("select")
+        .expect("rows");
+    assert_eq!(batches[0].num_rows(), 1);
+    text(&a, "SET datafusion.execution.batch_size = 7").await;
+    async fn show(s: &EmbeddedSession) -> String {
+        let batches = run(s, "SHOW datafusion.execution.batch_size")
+            .await
+            .expect("show")
+            .expect("rows");
+        format!("{:?}", batches[0].column(1))
+    }
+    assert!(show(&a).await.contains('7'));
+    assert!(!show(&b).await.contains("\"7\""));
+}
+
+#[tokio::test]
+async fn result_columns_are_named_as_postgres_names_them() {
+    let s = engine().embedded_session();
+    text(&s, "CREATE TABLE n (x INT)").await;
+    let names = |sql: &'static str| {
+        let s = &s;
+        async move {
+            let schema = s.describe(sql).await.expect("plans").expect("rows");
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        names("SELECT 1, x, count(*) AS c, upper('a') FROM n GROUP BY x").await,
+        ["?column?", "x", "c", "upper"]
+    );
+    assert_eq!(names("SELECT CAST(x AS BIGINT) FROM n").await, ["x"]);
+    assert_eq!(names("SELECT count(*) FROM n").await, ["count"]);
+    assert_eq!(names("SELECT * FROM n").await, ["x"]);
+    let out = s
+        .execute("SELECT 1 + 1", ExecuteOptions::default(), vec![])
+        .await
+        .expect("runs");
+    let QueryOutput::Rows { schema, .. } = out else {
+        panic!("rows")
+    };
+    assert_eq!(schema.field(0).name(), "?column?");
+}
+
+async fn text(s: &EmbeddedSession, sql: &str) -> String {
+    match run(s, sql).await.expect(sql) {
+        Ok(batches) => datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .expect("formats")
+            .to_string(),
+        Err((tag, _)) => tag,
+    }
+}
+
+#[tokio::test]
+async fn cached_plans_never_serve_stale_tables_or_times() {
+    let engine = engine();
+    let (a, b) = (engine.embedded_session(), engine.embedded_session());
+    text(&a, "CREATE TABLE c (x INT)").await;
+    text(&a, "INSERT INTO c VALUES (1)").await;
+    let q = "SELECT sum(x) AS s FROM c";
+    assert!(text(&a, q).await.contains("| 1 "));
+    assert!(
+        a.inner.planning.lock().await.cache.contains_key(q),
+        "cached"
+    );
+    // New rows, from another session: the cached plan reads the table as it is.
+    text(&b, "INSERT INTO c VALUES (41)").await;
+    assert!(text(&a, q).await.contains("| 42 "));
+    // The table replaced by another with other columns: planned again.
+    text(&b, "DROP TABLE c").await;
+    text(&b, "CREATE TABLE c (x BIGINT, y INT)").await;
+    text(&b, "INSERT INTO c VALUES (7, 0)").await;
+    assert!(text(&a, q).await.contains("| 7 "));
+    text(&b, "DROP TABLE c").await;
+    let e = run(&a, q).await.expect_err("table gone");
+    assert!(e.to_string().contains("not found"), "{e}");
+    // Time-dependent queries are never cached (the optimizer folds now()).
+    let t = "SELECT now() AS t";
+    let first = text(&a, t).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_ne!(text(&a, t).await, first);
+    assert!(!a.inner.planning.lock().await.cache.contains_key(t));
+}
+
+#[tokio::test]
+async fn generate_series_returns_rows_named_as_in_postgres() {
+    let s = engine().embedded_session();
+    async fn shape(s: &EmbeddedSession, sql: &str) -> (Vec<String>, usize) {
+        match s
+            .execute(sql, ExecuteOptions::default(), vec![])
+            .await
+            .expect(sql)
+        {
+            QueryOutput::Rows { schema, batches } => {
+                let batches: Vec<RecordBatch> = batches.try_collect().await.expect(sql);
+                (
+                    schema.fields().iter().map(|f| f.name().clone()).collect(),
+                    batches.iter().map(|b| b.num_rows()).sum(),
+                )
+            }
+            QueryOutput::Command { tag, .. } => panic!("{sql}: {tag}"),
+        }
+    }
+    let cases: [(&str, &[&str], usize); 9] = [
+        ("SELECT generate_series(1, 3)", &["generate_series"], 3),
+        ("SELECT generate_series(1, 10, 4) AS n", &["n"], 3),
+        (
+            "SELECT 7 AS k, GENERATE_SERIES(1, 2)",
+            &["k", "generate_series"],
+            2,
+        ),
+        (
+            "SELECT * FROM generate_series(1, 4)",
+            &["generate_series"],
+            4,
+        ),
+        ("SELECT g FROM generate_series(1, 2) AS g", &["g"], 2),
+        ("SELECT n FROM generate_series(1, 2) AS g(n)", &["n"], 2),
+        (
+            "WITH w AS (SELECT generate_series(1, 2) AS x) SELECT sum(x) AS s FROM w",
+            &["s"],
+            1,
+        ),
+        (
+            "SELECT generate_series(1, 2) UNION ALL SELECT generate_series(5, 6)",
+            &["generate_series"],
+            4,
+        ),
+        (
+            "SELECT count(*) AS n FROM (SELECT * FROM generate_series(1, 5)) AS t",
+            &["n"],
+            1,
+        ),
+    ];
+    for (sql, columns, rows) in cases {
+        let (got_columns, got_rows) = shape(&s, sql).await;
+        assert_eq!(got_columns, columns, "{sql}");
+        assert_eq!(got_rows, rows, "{sql}");
+    }
+    text(
+        &s,
+        "CREATE TABLE gs AS SELECT generate_series AS id FROM generate_series(1, 3)",
+    )
+    .await;
+    text(&s, "INSERT INTO gs SELECT generate_series(4, 6)").await;
+    let ids = text(&s, "SELECT count(*) AS n, sum(id) AS s FROM gs").await;
+    assert!(ids.contains("| 6 | 21 |"), "{ids}");
+    let summed = text(
+        &s,
+        "SELECT sum(generate_series) AS s FROM generate_series(1, 100)",
+    )
+    .await;
+    assert!(summed.contains("| 5050 |"), "{summed}");
+}
+
+#[tokio::test]
+async fn kept_physical_plans_run_again_from_the_start() {
+    let engine = engine();
+    let s = engine.embedded_session();
+    // Several partitions, so plans have repartitions and merges to reset.
+    text(&s, "SET datafusion.execution.target_partitions = 4").await;
+    text(&s, "CREATE TABLE k (g INT, x INT)").await;
+    text(
+        &s,
+        "INSERT INTO k VALUES (1, 1), (1, 2), (2, 3), (3, 4), (3, 5)",
+    )
+    .await;
+    text(&s, "INSERT INTO k VALUES (2, 6), (4, 7)").await;
+    let queries = [
+        "SELECT 1",
+        "SELECT count(*) AS n, sum(generate_series) AS s FROM generate_series(1, 1000)",
+        "SELECT g, sum(x) AS s FROM k GROUP BY g ORDER BY g",
+        "SELECT x FROM k WHERE x % 2 = 1 ORDER BY x DESC",
+        "SELECT g FROM k UNION ALL SELECT x FROM k ORDER BY 1",
+        "SELECT count(*) AS n FROM (SELECT x FROM k WHERE g > 1 LIMIT 2)",
+    ];
+    for q in queries {
+        let first = text(&s, q).await;
+        let planning = s.inner.planning.lock().await;
+        let kept = planning.cache.get(q).and_then(|c| c.physical.as_ref());
+        assert!(kept.is_some(), "physical plan kept for {q}");
+        drop(planning);
+        for _ in 0..3 {
+            assert_eq!(text(&s, q).await, first, "{q}");
+        }
+    }
+    // A DML retires the kept plans: the next run reads the new rows.
+    text(&s, "INSERT INTO k VALUES (1, 100)").await;
+    let grouped = text(&s, queries[2]).await;
+    assert!(grouped.contains("| 1 | 103 |"), "{grouped}");
+    // Plans that a reset cannot make new again are planned each run: a top-k sort pushes
+    // a dynamic filter into its input.
+    let topk = "SELECT x FROM k ORDER BY x LIMIT 2";
+    text(&s, topk).await;
+    let planning = s.inner.planning.lock().await;
+    assert!(planning
+        .cache
+        .get(topk)
+        .is_some_and(|c| c.physical.is_none()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pg_sleep_sleeps_in_virtual_time() {
+    // On the test's own runtime, whose clock is paused.
+    let s = Embedded::on(tokio::runtime::Handle::current()).embedded_session();
+    let start = tokio::time::Instant::now();
+    let rows = run(&s, "SELECT pg_sleep(2)").await.expect("runs");
+    assert!(rows.is_ok());
+    assert!(start.elapsed() >= Duration::from_secs(2));
+}
+
+#[test]
+fn command_tags() {
+    use crate::compat::command_tag;
+    assert_eq!(
+        command_tag("create external table t stored as csv location 'x'"),
+        "CREATE TABLE"
+    );
+    assert_eq!(
+        command_tag("CREATE OR REPLACE VIEW v AS SELECT 1"),
+        "CREATE VIEW"
+    );
+}
+
+#[tokio::test]
+async fn rows_stream_in_bounded_batches_and_stop_when_dropped() {
+    let s = engine().embedded_session();
+    // Far more rows than fit in memory were they collected: only the first few batches are
+    // produced before the consumer stops, and dropping the stream stops the statement.
+    let out = s
+        .execute(
+            "SELECT * FROM generate_series(1, 10000000000)",
+            ExecuteOptions::default(),
+            vec![],
+        )
+        .await
+        .expect("starts");
+    let QueryOutput::Rows { mut batches, .. } = out else {
+        panic!("rows")
+    };
+    let mut rows = 0;
+    for _ in 0..3 {
+        rows += batches
+            .try_next()
+            .await
+            .expect("batch")
+            .expect("more")
+            .num_rows();
+    }
+    assert!(rows > 0);
+    drop(batches);
+    // The session is free again at once (the statement's task released its lock).
+    assert!(text(&s, "SELECT 41 + 1 AS x").await.contains("42"));
+}
+
+#[tokio::test]
+async fn parameters_take_the_type_of_their_column() {
+    use datafusion::common::ScalarValue;
+    let s = engine().embedded_session();
+    text(&s, "CREATE TABLE p (k INT, v TEXT, f DOUBLE)").await;
+    // What psycopg sends: a smallint for a small Python int, a text for a str.
+    let out = s
+        .execute(
+            "INSERT INTO p VALUES ($1, $2, $3)",
+            ExecuteOptions::default(),
+            vec![
+                ScalarValue::Int16(Some(7)),
+                ScalarValue::Utf8(Some("x".into())),
+                ScalarValue::Int32(Some(2)),
+            ],
+        )
+        .await
+        .expect("insert");
+    assert!(
+        matches!(&out, QueryOutput::Command { rows: Some(1), .. }),
+        "{out:?}"
+    );
+    let types = text(
+        &s,
+        "SELECT arrow_typeof(k) AS t, arrow_typeof(f) AS u FROM p",
+    )
+    .await;
+    assert!(
+        types.contains("Int32") && types.contains("Float64"),
+        "{types}"
+    );
+    let found = s
+        .execute(
+            "SELECT v FROM p WHERE k = $1",
+            ExecuteOptions::default(),
+            vec![ScalarValue::Int16(Some(7))],
+        )
+        .await
+        .expect("select");
+    let QueryOutput::Rows { batches, .. } = found else {
+        panic!("rows")
+    };
+    let batches: Vec<RecordBatch> = batches.try_collect().await.expect("rows");
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    // A later scan over the table reads one schema (it failed to concatenate Int16 and Int32).
+    assert!(text(&s, "SELECT k FROM p ORDER BY k").await.contains('7'));
+}

@@ -1,0 +1,281 @@
+//! Clients that misbehave: vanishing while their query waits or streams, expressions nested
+//! past any sane depth, huge Binds, CPU-heavy neighbours. Each must get an error or be cleaned
+//! up, and every other client must keep being served.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A Postgres client speaking the protocol by hand, so that closing it closes its socket
+/// (a tokio-postgres `Client` dropped mid-query leaves its connection task holding it open).
+struct RawClient {
+    socket: TcpStream,
+}
+
+impl RawClient {
+    async fn connect(port: u16) -> RawClient {
+        let mut socket = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connects");
+        let mut body = Vec::new();
+        body.extend_from_slice(&196_608u32.to_be_bytes()); // protocol 3.0
+        for s in ["user", "tester", "database", "any", ""] {
+            body.extend_from_slice(s.as_bytes());
+            body.push(0);
+        }
+        let mut startup = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        startup.extend(body);
+        socket.write_all(&startup).await.expect("startup");
+        let mut client = RawClient { socket };
+        client.until(b'Z').await;
+        client
+    }
+
+    /// Sends a simple query (and does not wait for its answer).
+    async fn query(&mut self, sql: &str) {
+        let mut message = vec![b'Q'];
+        message.extend_from_slice(&((sql.len() + 5) as u32).to_be_bytes());
+        message.extend_from_slice(sql.as_bytes());
+        message.push(0);
+        self.socket.write_all(&message).await.expect("query sent");
+    }
+
+    /// Reads messages until one of type `kind`; returns how many bytes came before it.
+    async fn until(&mut self, kind: u8) -> usize {
+        let mut read = 0;
+        loop {
+            let mut header = [0u8; 5];
+            self.socket.read_exact(&mut header).await.expect("message");
+            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            let mut body = vec![0u8; len - 4];
+            self.socket.read_exact(&mut body).await.expect("body");
+            read += len + 1;
+            if header[0] == kind {
+                return read;
+            }
+        }
+    }
+}
+
+const ONE_SLOT: &str = "CREATE RESOURCE q (QUERY);
+     CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+     CREATE WORKLOAD w IN all";
+
+async fn waiting_and_queued(admin: &tokio_postgres::Client) -> String {
+    column(
+        admin,
+        "SELECT (SELECT count(*) FROM system.processes WHERE state = 'waiting') || ' ' || \
+         (SELECT sum(queue_length) FROM system.scheduler)",
+    )
+    .await
+    .join("")
+}
+
+/// Polls (bounded) until `f` answers `want`; returns how long that took.
+async fn within<F, Fut>(limit: Duration, want: &str, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let start = Instant::now();
+    loop {
+        let got = f().await;
+        if got == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "after {limit:?} still {got:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_closes_while_waiting_leaves_the_queue_at_once() {
+    let (_dir, server, admin) = started_with(ONE_SLOT, false).await;
+    let blocker = server.client().await;
+    let cancel = blocker.cancel_token();
+    let blocking = tokio::spawn(async move {
+        blocker
+            .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'w'")
+            .await
+    });
+    until_running(&admin, 1).await;
+    let mut leaver = RawClient::connect(server.port).await;
+    leaver.query("SELECT 4 SETTINGS workload = 'w'").await;
+    until_waiting(&admin, 1).await;
+    assert_eq!(waiting_and_queued(&admin).await, "1 1");
+    drop(leaver);
+    let took = within(Duration::from_secs(5), "0 0", || waiting_and_queued(&admin)).await;
+    assert!(took < Duration::from_secs(1), "freed after {took:?}");
+    // The blocker still runs: only the vanished client's place went.
+    until_running(&admin, 1).await;
+    // A new query waits behind the blocker alone, not behind a ghost.
+    let next = spawn_query(&server, "SELECT 5 SETTINGS workload = 'w'").await;
+    until_waiting(&admin, 1).await;
+    cancel
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let e = blocking.await.expect("task").expect_err("cancelled");
+    assert_eq!(sqlstate(&e), "57014");
+    next.await
+        .expect("task")
+        .expect("runs once the slot is free");
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_closes_mid_stream_stops_its_query() {
+    let (_dir, server, admin) = started_with(ONE_SLOT, false).await;
+    let mut reader = RawClient::connect(server.port).await;
+    reader
+        .query("SELECT * FROM generate_series(1, 100000000000) SETTINGS workload = 'w'")
+        .await;
+    // Some rows arrive: the result streams (it could never be collected first).
+    reader.until(b'D').await;
+    until_running(&admin, 1).await;
+    drop(reader);
+    let running = || async {
+        column(
+            &admin,
+            "SELECT count(*) FROM system.processes WHERE query LIKE '%100000000000%' AND query NOT LIKE '%system.processes%'",
+        )
+        .await
+        .join("")
+    };
+    within(Duration::from_secs(10), "0", running).await;
+    assert_nothing_held(&admin).await;
+    // The slot is free for the next query.
+    let c = server.client().await;
+    assert_eq!(column(&c, "SELECT 6 SETTINGS workload = 'w'").await, ["6"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn deep_expressions_get_an_error_and_the_server_stays_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    let deep = [
+        // 2,000 terms aborted the server with a stack overflow.
+        format!("SELECT 1{}", "+1".repeat(2_000)),
+        format!("SELECT 1{}", "+1".repeat(100_000)),
+        format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000)),
+        format!(
+            "SELECT 1 WHERE {}",
+            vec!["NOT"; 100_000].join(" ") + " true"
+        ),
+    ];
+    for sql in &deep {
+        for extended in [false, true] {
+            let e = if extended {
+                client.query(sql.as_str(), &[]).await.map(|_| ())
+            } else {
+                client.simple_query(sql).await.map(|_| ())
+            }
+            .expect_err("too deep");
+            assert_eq!(sqlstate(&e), "54001", "{}", message(&e));
+            assert!(message(&e).ends_with("(TOO_DEEP_AST)"), "{}", message(&e));
+        }
+    }
+    // Deep but within the limit: planned and run on the engine's big stacks.
+    let sum = format!("SELECT 1{} AS s", "+1".repeat(900));
+    assert_eq!(column(&client, &sum).await, ["901"]);
+    let e = client
+        .simple_query("SELECT 1 / 0")
+        .await
+        .expect_err("division by zero");
+    assert_eq!(sqlstate(&e), "22012", "{}", message(&e));
+    // Everyone else is still served.
+    let other = server.client().await;
+    assert_eq!(column(&other, "SELECT 2").await, ["2"]);
+    server.stop().await;
+}
+
+/// The fastest of three runs of a Bind of `n` parameters.
+async fn bind_time(client: &tokio_postgres::Client, n: usize) -> Duration {
+    let placeholders: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+    let sql = format!(
+        "SELECT count(*) FROM (VALUES (1)) AS t(x) WHERE x IN ({})",
+        placeholders.join(", ")
+    );
+    let values: Vec<i32> = (0..n as i32).collect();
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+        .iter()
+        .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    let statement = client.prepare(&sql).await.expect("prepares");
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let rows = client.query(&statement, &params).await.expect("binds");
+        best = best.min(start.elapsed());
+        assert_eq!(rows[0].get::<_, i64>(0), 1);
+    }
+    best
+}
+
+#[tokio::test]
+async fn a_huge_bind_costs_about_linear_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    let small = bind_time(&client, 1_000).await;
+    let large = bind_time(&client, 10_000).await;
+    eprintln!("bind of 1,000 parameters: {small:?}; of 10,000: {large:?}");
+    // Ten times the parameters: quadratic work would take ~100 times as long.
+    assert!(
+        large < small * 40 + Duration::from_millis(200),
+        "1,000: {small:?}, 10,000: {large:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_1_answers_while_heavy_queries_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let admin = server.client().await;
+    let mut heavy = Vec::new();
+    for _ in 0..3 {
+        let c = server.client().await;
+        let token = c.cancel_token();
+        let task = tokio::spawn(async move {
+            c.simple_query(
+                "SELECT count(*) FROM generate_series(1, 100000000000) WHERE generate_series % 7 = 3",
+            )
+            .await
+        });
+        heavy.push((token, task));
+    }
+    until_running(&admin, 3).await;
+    let probe = server.client().await;
+    let mut latencies = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        assert_eq!(column(&probe, "SELECT 1").await, ["1"]);
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    let p50 = latencies[latencies.len() / 2];
+    let p99 = latencies[latencies.len() * 99 / 100];
+    eprintln!("SELECT 1 beside three CPU-heavy queries: p50 {p50:?}, p99 {p99:?}");
+    // Reported precisely in BENCHMARKS.md; here only a bound a loaded machine keeps.
+    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
+    for (token, task) in heavy {
+        token
+            .cancel_query(tokio_postgres::NoTls)
+            .await
+            .expect("cancel");
+        let e = task.await.expect("task").expect_err("cancelled");
+        assert_eq!(sqlstate(&e), "57014");
+    }
+    server.stop().await;
+}

@@ -1,0 +1,769 @@
+//! The statement model of what clients send: a text is lexed once into [`Statement`]s — workload
+//! DDL, session settings, transaction control, sluice's conveniences, and everything else as a
+//! [`Query`] that keeps its text, its `SETTINGS` tail (already taken off), its
+//! [`StatementKind`], the byte span of each literal and how deeply it nests. The server routes on
+//! this enum and nothing else.
+//!
+//! The lexer follows PostgreSQL's rules, since the text is the client's: `--` comments to the end
+//! of the line, `/* */` comments (nested, as Postgres has them), `'…'` (quotes doubled), `E'…'`
+//! (backslash escapes too), `"…"`, `` `…` `` (ClickHouse's quoted identifiers), and
+//! `$tag$…$tag$` dollar quoting. A `;` splits statements only outside all of them.
+//!
+//! Invariants:
+//! - Lexing is one linear pass without recursion, whatever the input (a 100,000-term
+//!   expression costs as much as its length); it never panics and every span it reports lies on
+//!   character boundaries of the text.
+//! - [`Query::nesting`] is at least the depth of the expression tree any parser builds from the
+//!   text (each open parenthesis and each operator since the last list separator counts one),
+//!   so a statement under [`MAX_NESTING`] cannot exhaust a planner's stack.
+
+use std::ops::Range;
+
+use crate::ast::{EntityKind, Literal, Statement as WorkloadStatement};
+use crate::error::{Error, ErrorCode, Result};
+use crate::parser::{parse_statement, split_settings};
+
+/// How deeply a statement may nest (parentheses and operator chains, see [`Query::nesting`]).
+/// ClickHouse's `max_ast_depth` has the same default; PostgreSQL stops at a comparable depth
+/// with "stack depth limit exceeded".
+pub const MAX_NESTING: usize = 1000;
+
+/// What a statement does, as the classifiers and the engines need to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StatementKind {
+    Select,
+    Insert,
+    Update,
+    Delete,
+    /// `CREATE`, `DROP`, `ALTER`, `TRUNCATE` of anything.
+    Ddl,
+    /// Everything else: `SET`, `SHOW`, `EXPLAIN`, `COPY`, transaction control, cursors, ….
+    Utility,
+}
+
+impl StatementKind {
+    /// The name classifiers match on: `'select'`, `'insert'`, ….
+    pub fn name(self) -> &'static str {
+        match self {
+            StatementKind::Select => "select",
+            StatementKind::Insert => "insert",
+            StatementKind::Update => "update",
+            StatementKind::Delete => "delete",
+            StatementKind::Ddl => "ddl",
+            StatementKind::Utility => "utility",
+        }
+    }
+
+    fn of(first_word: &str) -> StatementKind {
+        match first_word.to_ascii_uppercase().as_str() {
+            "SELECT" | "WITH" | "VALUES" | "TABLE" => StatementKind::Select,
+            "INSERT" => StatementKind::Insert,
+            "UPDATE" => StatementKind::Update,
+            "DELETE" => StatementKind::Delete,
+            "CREATE" | "DROP" | "ALTER" | "TRUNCATE" => StatementKind::Ddl,
+            _ => StatementKind::Utility,
+        }
+    }
+}
+
+/// `BEGIN`, `COMMIT`, `ROLLBACK` and their synonyms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionControl {
+    Begin,
+    Commit,
+    Rollback,
+}
+
+impl TransactionControl {
+    /// The Postgres command tag.
+    pub fn tag(self) -> &'static str {
+        match self {
+            TransactionControl::Begin => "BEGIN",
+            TransactionControl::Commit => "COMMIT",
+            TransactionControl::Rollback => "ROLLBACK",
+        }
+    }
+}
+
+/// Anything sluice does not answer itself: for the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    /// The text without the `SETTINGS` tail and without a trailing `;`.
+    pub text: String,
+    /// The `SETTINGS name = value, …` tail, in written order.
+    pub settings: Vec<(String, Literal)>,
+    pub kind: StatementKind,
+    /// Byte spans in `text` of each string and number literal (for fingerprints).
+    pub literals: Vec<Range<usize>>,
+    /// An upper bound of the depth of the statement's expression tree (see the module docs).
+    pub nesting: usize,
+}
+
+/// One statement, as the server routes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Statement {
+    /// `CREATE|DROP WORKLOAD|RESOURCE …`, parsed.
+    Workload(WorkloadStatement),
+    /// `SET name = value` / `SET name TO value`; `value` is `None` for `RESET name` and
+    /// `SET name TO DEFAULT`.
+    Set {
+        name: String,
+        value: Option<String>,
+        reset: bool,
+    },
+    /// `SHOW name` of a session setting.
+    Show(String),
+    /// `SHOW WORKLOADS`, `SHOW RESOURCES`.
+    ShowEntities(EntityKind),
+    /// `SHOW CREATE WORKLOAD|RESOURCE name`.
+    ShowCreate {
+        kind: EntityKind,
+        name: String,
+    },
+    Transaction(TransactionControl),
+    Query(Query),
+}
+
+impl Statement {
+    /// Whether the engine runs it (as opposed to sluice answering it).
+    pub fn is_query(&self) -> bool {
+        matches!(self, Statement::Query(_))
+    }
+}
+
+/// The statements of `text`, in order; empty ones (only comments and whitespace) are left out.
+/// An error in one statement (a malformed `SETTINGS` value, workload DDL that does not parse,
+/// too deep a nesting) is that statement's item; the others are unaffected.
+pub fn statements(text: &str) -> Vec<Result<Statement>> {
+    split(text)
+        .into_iter()
+        .map(|lexed| classify(text, &lexed))
+        .collect()
+}
+
+/// Exactly one statement (a trailing `;` allowed), for the extended protocol's Parse.
+pub fn statement(text: &str) -> Result<Option<Statement>> {
+    let mut all = statements(text);
+    match all.len() {
+        0 => Ok(None),
+        1 => all.remove(0).map(Some),
+        n => Err(Error::new(
+            ErrorCode::SyntaxError,
+            format!("cannot insert multiple commands into a prepared statement (got {n})"),
+        )),
+    }
+}
+
+/// A statement's place in the text and what one pass over it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lexed {
+    /// From the first character that is not whitespace or comment, to the end before `;`.
+    pub span: Range<usize>,
+    /// The first few words and symbols outside comments, for routing: their spans in the text.
+    pub head: Vec<Range<usize>>,
+    /// Literal spans, absolute in the text.
+    pub literals: Vec<Range<usize>>,
+    pub nesting: usize,
+}
+
+/// Words kept per statement for routing (`CREATE OR REPLACE WORKLOAD`, `SHOW CREATE WORKLOAD x`).
+const HEAD_WORDS: usize = 5;
+
+/// Splits `text` at top-level `;` (see the module docs for the quoting rules). Statements with
+/// nothing but whitespace and comments are left out. An unterminated quote or comment runs to
+/// the end of the text (the engine reports it).
+pub fn split(text: &str) -> Vec<Lexed> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut current = Builder::default();
+    let mut i = 0;
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let next = bytes.get(i + 1).copied();
+        match b {
+            b';' => {
+                current.finish(i, &mut out);
+                i += 1;
+            }
+            b'-' if next == Some(b'-') => {
+                i = memchr(bytes, i, b'\n').map_or(bytes.len(), |n| n + 1);
+            }
+            b'/' if next == Some(b'*') => {
+                let mut depth = 0usize;
+                while i < bytes.len() {
+                    if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            c if c.is_ascii_whitespace() => i += 1,
+            b'\'' => {
+                let escapes =
+                    i > 0 && matches!(bytes[i - 1], b'E' | b'e') && (i < 2 || !ident(bytes[i - 2]));
+                let start = if escapes { i - 1 } else { i };
+                let end = quoted(bytes, i, b'\'', escapes);
+                current.literal(start, end);
+                i = end;
+            }
+            b'"' | b'`' => {
+                let end = quoted(bytes, i, b, false);
+                current.token(i, end);
+                i = end;
+            }
+            b'$' if next.is_some_and(|n| n.is_ascii_digit()) => {
+                // A placeholder `$n`.
+                let mut end = i + 1;
+                while end < bytes.len() && bytes[end].is_ascii_digit() {
+                    end += 1;
+                }
+                current.literal(i, end);
+                i = end;
+            }
+            b'$' if i == 0 || !ident(bytes[i - 1]) => match dollar_tag(bytes, i) {
+                Some(tag_end) => {
+                    let tag = &bytes[i..tag_end];
+                    let end = find(bytes, tag_end, tag).map_or(bytes.len(), |at| at + tag.len());
+                    current.literal(i, end);
+                    i = end;
+                }
+                None => {
+                    current.token(i, i + 1);
+                    i += 1;
+                }
+            },
+            c if c.is_ascii_digit() || (c == b'.' && next.is_some_and(|n| n.is_ascii_digit())) => {
+                let mut end = i + 1;
+                while end < bytes.len()
+                    && (bytes[end].is_ascii_alphanumeric()
+                        || bytes[end] == b'.'
+                        || bytes[end] == b'_'
+                        || ((bytes[end] == b'+' || bytes[end] == b'-')
+                            && matches!(bytes[end - 1], b'e' | b'E')))
+                {
+                    end += 1;
+                }
+                current.literal(i, end);
+                i = end;
+            }
+            c if ident(c) => {
+                let mut end = i + 1;
+                while end < bytes.len() && ident(bytes[end]) {
+                    end += 1;
+                }
+                current.word(text, i, end);
+                i = end;
+            }
+            b'(' | b'[' => {
+                current.open(i);
+                i += 1;
+            }
+            b')' | b']' => {
+                current.close(i);
+                i += 1;
+            }
+            b',' => {
+                current.separator(i);
+                i += 1;
+            }
+            b'.' => {
+                // Qualified names (`s.t.c`) do not nest.
+                current.token(i, i + 1);
+                i += 1;
+            }
+            _ => {
+                // Operators and other symbols: a run of operator characters is one operator.
+                let mut end = i + 1;
+                while end < bytes.len() && b"+-*/<>=~!@#%^&|?:".contains(&bytes[end]) {
+                    // `--` and `/*` start comments even right after an operator.
+                    if (bytes[end] == b'-' && bytes.get(end + 1) == Some(&b'-'))
+                        || (bytes[end] == b'/' && bytes.get(end + 1) == Some(&b'*'))
+                    {
+                        break;
+                    }
+                    end += 1;
+                }
+                // Keep spans on character boundaries (a non-ASCII symbol).
+                while end < bytes.len() && !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                current.operator(i, end);
+                i = end;
+            }
+        }
+    }
+    current.finish(bytes.len(), &mut out);
+    out
+}
+
+fn memchr(bytes: &[u8], from: usize, needle: u8) -> Option<usize> {
+    bytes[from..]
+        .iter()
+        .position(|&b| b == needle)
+        .map(|p| p + from)
+}
+
+fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || from > bytes.len() {
+        return None;
+    }
+    bytes[from..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
+}
+
+/// The end of a quoted run opened at `start` by `quote` (doubled quotes stay inside; with
+/// `escapes`, a backslash escapes the next byte).
+fn quoted(bytes: &[u8], start: usize, quote: u8, escapes: bool) -> usize {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        if escapes && bytes[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if bytes[i] == quote {
+            if bytes.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            return i + 1;
+        }
+        i += 1;
+    }
+    bytes.len()
+}
+
+/// The end of a dollar-quote tag (`$$`, `$body$`) starting at `start`, if one starts there.
+fn dollar_tag(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'$' {
+            return Some(i + 1);
+        }
+        let ok = b.is_ascii_alphabetic()
+            || b == b'_'
+            || b >= 0x80
+            || (i > start + 1 && b.is_ascii_digit());
+        if !ok {
+            return None;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Words after which an expression starts afresh (a new clause): the operator chain before
+/// them does not nest what follows.
+const CLAUSE_WORDS: &[&str] = &[
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "GROUP",
+    "HAVING",
+    "ORDER",
+    "LIMIT",
+    "OFFSET",
+    "UNION",
+    "INTERSECT",
+    "EXCEPT",
+    "JOIN",
+    "ON",
+    "USING",
+    "VALUES",
+    "SET",
+    "RETURNING",
+    "WHEN",
+    "THEN",
+    "ELSE",
+    "END",
+    "AS",
+    "BY",
+    "WINDOW",
+    "QUALIFY",
+];
+
+/// Words that combine expressions like an operator does.
+const OPERATOR_WORDS: &[&str] = &[
+    "AND", "OR", "NOT", "IS", "LIKE", "ILIKE", "BETWEEN", "IN", "SIMILAR", "COLLATE", "AT",
+];
+
+#[derive(Default)]
+struct Builder {
+    start: Option<usize>,
+    head: Vec<Range<usize>>,
+    literals: Vec<Range<usize>>,
+    /// Operators since the last separator, per open parenthesis (the first is the top level).
+    chains: Vec<usize>,
+    /// Sum of `chains` plus the parentheses open: the current nesting.
+    depth: usize,
+    max_depth: usize,
+}
+
+impl Builder {
+    fn begin(&mut self, at: usize) {
+        if self.start.is_none() {
+            self.start = Some(at);
+            self.chains = vec![0];
+        }
+    }
+
+    fn token(&mut self, start: usize, end: usize) {
+        self.begin(start);
+        if self.head.len() < HEAD_WORDS {
+            self.head.push(start..end);
+        }
+    }
+
+    fn literal(&mut self, start: usize, end: usize) {
+        self.token(start, end);
+        self.literals.push(start..end);
+    }
+
+    fn word(&mut self, text: &str, start: usize, end: usize) {
+        self.token(start, end);
+        let word = &text[start..end];
+        if end - start <= 9 {
+            if OPERATOR_WORDS.iter().any(|w| w.eq_ignore_ascii_case(word)) {
+                self.push_operator();
+            } else if CLAUSE_WORDS.iter().any(|w| w.eq_ignore_ascii_case(word)) {
+                self.reset_chain();
+            }
+        }
+    }
+
+    fn operator(&mut self, start: usize, end: usize) {
+        self.token(start, end);
+        self.push_operator();
+    }
+
+    fn push_operator(&mut self) {
+        if let Some(top) = self.chains.last_mut() {
+            *top += 1;
+            self.depth += 1;
+            self.max_depth = self.max_depth.max(self.depth);
+        }
+    }
+
+    fn reset_chain(&mut self) {
+        if let Some(top) = self.chains.last_mut() {
+            self.depth -= *top;
+            *top = 0;
+        }
+    }
+
+    fn open(&mut self, at: usize) {
+        self.token(at, at + 1);
+        self.chains.push(0);
+        self.depth += 1;
+        self.max_depth = self.max_depth.max(self.depth);
+    }
+
+    fn close(&mut self, at: usize) {
+        self.token(at, at + 1);
+        if self.chains.len() > 1 {
+            let chain = self.chains.pop().unwrap_or(0);
+            self.depth -= chain + 1;
+        }
+    }
+
+    fn separator(&mut self, at: usize) {
+        self.token(at, at + 1);
+        self.reset_chain();
+    }
+
+    fn finish(&mut self, end: usize, out: &mut Vec<Lexed>) {
+        let done = std::mem::take(self);
+        if let Some(start) = done.start {
+            out.push(Lexed {
+                span: start..end,
+                head: done.head,
+                literals: done.literals,
+                nesting: done.max_depth,
+            });
+        }
+    }
+}
+
+/// Routes one lexed statement (see [`Statement`]).
+fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
+    let source = text[lexed.span.clone()].trim_end();
+    let word = |i: usize| lexed.head.get(i).map(|r| &text[r.clone()]);
+    let is = |i: usize, kw: &str| word(i).is_some_and(|w| w.eq_ignore_ascii_case(kw));
+    let entity = |i: usize| {
+        if is(i, "WORKLOAD") {
+            Some(EntityKind::Workload)
+        } else if is(i, "RESOURCE") {
+            Some(EntityKind::Resource)
+        } else {
+            None
+        }
+    };
+    let first = word(0).unwrap_or("").to_ascii_uppercase();
+    match first.as_str() {
+        "CREATE" if entity(1).is_some() || (is(1, "OR") && entity(3).is_some()) => {
+            return parse_statement(source).map(Statement::Workload)
+        }
+        "DROP" if entity(1).is_some() => return parse_statement(source).map(Statement::Workload),
+        "BEGIN" | "START" => return Ok(Statement::Transaction(TransactionControl::Begin)),
+        "COMMIT" | "END" => return Ok(Statement::Transaction(TransactionControl::Commit)),
+        "ROLLBACK" | "ABORT" => return Ok(Statement::Transaction(TransactionControl::Rollback)),
+        "SHOW" if is(1, "WORKLOADS") => return Ok(Statement::ShowEntities(EntityKind::Workload)),
+        "SHOW" if is(1, "RESOURCES") => return Ok(Statement::ShowEntities(EntityKind::Resource)),
+        "SHOW" if is(1, "CREATE") && entity(2).is_some() => {
+            let name = word(3).map(unquote).unwrap_or_default();
+            return Ok(Statement::ShowCreate {
+                kind: entity(2).unwrap_or(EntityKind::Workload),
+                name,
+            });
+        }
+        "SHOW" => {
+            if let Some(name) = session_setting(word(1)) {
+                return Ok(Statement::Show(name));
+            }
+        }
+        "RESET" => {
+            if let Some(name) = session_setting(word(1)) {
+                return Ok(Statement::Set {
+                    name,
+                    value: None,
+                    reset: true,
+                });
+            }
+        }
+        "SET" => {
+            if let Some(name) = session_setting(word(1)) {
+                let after_name = lexed.head[1].end;
+                let rest = text[after_name..lexed.span.end].trim();
+                let value = rest
+                    .strip_prefix('=')
+                    .or_else(|| {
+                        (rest.len() > 2 && rest[..2].eq_ignore_ascii_case("TO"))
+                            .then(|| &rest[2..])
+                            .filter(|v| v.starts_with(|c: char| c.is_whitespace() || c == '\''))
+                    })
+                    .unwrap_or(rest)
+                    .trim();
+                let value = value.trim_matches('\'').trim_matches('"').to_string();
+                return Ok(Statement::Set {
+                    name,
+                    value: (!value.eq_ignore_ascii_case("default")).then_some(value),
+                    reset: false,
+                });
+            }
+        }
+        _ => {}
+    }
+    if lexed.nesting > MAX_NESTING {
+        return Err(Error::new(
+            ErrorCode::TooDeepAst,
+            format!(
+                "AST is too deep: the statement nests {} levels of parentheses and operators. Maximum: {MAX_NESTING}; split the expression or use IN (…) lists",
+                lexed.nesting
+            ),
+        ));
+    }
+    let markup = split_settings(source)?;
+    let literals = lexed
+        .literals
+        .iter()
+        .map(|r| r.start - lexed.span.start..r.end - lexed.span.start)
+        .filter(|r| r.end <= markup.query.len())
+        .collect();
+    // `(SELECT 1)`: the kind is the first word's, past parentheses.
+    let kind = lexed
+        .head
+        .iter()
+        .map(|r| &text[r.clone()])
+        .find(|w| *w != "(")
+        .map_or(StatementKind::Utility, StatementKind::of);
+    Ok(Statement::Query(Query {
+        text: markup.query,
+        settings: markup.settings,
+        kind,
+        literals,
+        nesting: lexed.nesting,
+    }))
+}
+
+/// The name of a session setting sluice keeps itself, from the word after `SET`/`SHOW`/`RESET`:
+/// engine settings (`datafusion.*`) and the engine's own `SHOW` forms are the engine's.
+fn session_setting(word: Option<&str>) -> Option<String> {
+    let word = word?;
+    let upper = word.to_ascii_uppercase();
+    let engine_owned = upper.starts_with("DATAFUSION")
+        || matches!(upper.as_str(), "ALL" | "TABLES" | "COLUMNS" | "=" | "TIME");
+    (!engine_owned
+        && word
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_'))
+    .then(|| word.to_ascii_lowercase())
+}
+
+fn unquote(word: &str) -> String {
+    word.trim_matches('`').trim_matches('"').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(sql: &str) -> Vec<&str> {
+        split(sql).into_iter().map(|l| &sql[l.span]).collect()
+    }
+
+    #[test]
+    fn semicolons_split_only_outside_quotes_and_comments() {
+        let cases: &[(&str, &[&str])] = &[
+            ("select 1; select 2;", &["select 1", "select 2"]),
+            ("select ';'; select 2", &["select ';'", "select 2"]),
+            ("select 'it''s;'; x", &["select 'it''s;'", "x"]),
+            (r"select E'a\';b'; x", &[r"select E'a\';b'", "x"]),
+            (r"select 'a\'; x", &[r"select 'a\'", "x"]),
+            ("select \"a;b\"; x", &["select \"a;b\"", "x"]),
+            ("select `a;b`; x", &["select `a;b`", "x"]),
+            ("select $$a;b$$; x", &["select $$a;b$$", "x"]),
+            ("select $f$a;$$;b$f$; x", &["select $f$a;$$;b$f$", "x"]),
+            ("select a$b; x", &["select a$b", "x"]),
+            ("select $1; x", &["select $1", "x"]),
+            ("-- c;\nselect 1; x", &["select 1", "x"]),
+            ("select 1 -- c;\n; x", &["select 1 -- c;\n", "x"]),
+            ("/* c; */ select 1; x", &["select 1", "x"]),
+            ("/* a /* b; */ c; */ select 1; x", &["select 1", "x"]),
+            ("select 1 /* ; */ + 2; x", &["select 1 /* ; */ + 2", "x"]),
+            ("select 1+-- c;\n2; x", &["select 1+-- c;\n2", "x"]),
+            (";; -- only comments;\n /* ; */ ;", &[]),
+            ("select 'unterminated; x", &["select 'unterminated; x"]),
+            ("select 'é;'; ü", &["select 'é;'", "ü"]),
+        ];
+        for (sql, expected) in cases {
+            assert_eq!(texts(sql), *expected, "{sql}");
+        }
+    }
+
+    #[test]
+    fn literals_and_kinds() {
+        let s = "SELECT * FROM t WHERE a = 'x' AND b IN (1, 2.5e-3, $1) SETTINGS workload = 'w'";
+        let Ok(Statement::Query(q)) = statements(s).remove(0) else {
+            panic!("a query")
+        };
+        let lits: Vec<&str> = q.literals.iter().map(|r| &q.text[r.clone()]).collect();
+        assert_eq!(lits, ["'x'", "1", "2.5e-3", "$1"]);
+        assert_eq!(q.kind, StatementKind::Select);
+        assert_eq!(q.settings.len(), 1);
+        assert!(!q.text.contains("SETTINGS"));
+        let kind = |sql: &str| match statements(sql).remove(0) {
+            Ok(Statement::Query(q)) => q.kind,
+            other => panic!("{sql}: {other:?}"),
+        };
+        assert_eq!(kind("(SELECT 1)"), StatementKind::Select);
+        assert_eq!(kind("insert into t values (1)"), StatementKind::Insert);
+        assert_eq!(kind("/* x */ UPDATE t SET a = 1"), StatementKind::Update);
+        assert_eq!(kind("delete from t"), StatementKind::Delete);
+        assert_eq!(kind("CREATE TABLE t (x int)"), StatementKind::Ddl);
+        assert_eq!(kind("EXPLAIN SELECT 1"), StatementKind::Utility);
+        assert_eq!(
+            kind("SET datafusion.execution.batch_size = 10"),
+            StatementKind::Utility
+        );
+    }
+
+    #[test]
+    fn routes() {
+        let one = |sql: &str| statements(sql).remove(0).expect(sql);
+        assert!(matches!(
+            one("create or replace workload x"),
+            Statement::Workload(_)
+        ));
+        assert!(matches!(one("  DROP RESOURCE r;"), Statement::Workload(_)));
+        assert!(one("CREATE TABLE t (x int)").is_query());
+        let set = |name: &str, value: Option<&str>, reset| Statement::Set {
+            name: name.into(),
+            value: value.map(str::to_string),
+            reset,
+        };
+        assert_eq!(
+            one("SET workload = 'prod'"),
+            set("workload", Some("prod"), false)
+        );
+        assert_eq!(
+            one("set workload to dev"),
+            set("workload", Some("dev"), false)
+        );
+        assert_eq!(one("SET workload TO DEFAULT"), set("workload", None, false));
+        assert_eq!(one("RESET workload"), set("workload", None, true));
+        assert_eq!(
+            one("SET application_name='psql'"),
+            set("application_name", Some("psql"), false)
+        );
+        assert_eq!(one("SHOW workload"), Statement::Show("workload".into()));
+        assert_eq!(
+            one("SHOW WORKLOADS"),
+            Statement::ShowEntities(EntityKind::Workload)
+        );
+        assert_eq!(
+            one("show create workload `all`"),
+            Statement::ShowCreate {
+                kind: EntityKind::Workload,
+                name: "all".into()
+            }
+        );
+        assert!(one("SET datafusion.execution.batch_size = 10").is_query());
+        assert!(one("SHOW ALL").is_query());
+        assert!(one("SELECT 1 SETTINGS workload = 'x'").is_query());
+        assert_eq!(
+            one("begin"),
+            Statement::Transaction(TransactionControl::Begin)
+        );
+        assert_eq!(
+            one("START TRANSACTION"),
+            Statement::Transaction(TransactionControl::Begin)
+        );
+        assert_eq!(
+            one("COMMIT;"),
+            Statement::Transaction(TransactionControl::Commit)
+        );
+    }
+
+    #[test]
+    fn nesting_is_bounded_before_anything_parses_it() {
+        let deep = |sql: String| match statements(&sql).remove(0) {
+            Ok(Statement::Query(q)) => Ok(q.nesting),
+            Err(e) => Err(e.code),
+            other => panic!("{other:?}"),
+        };
+        let sum = |n: usize| format!("SELECT 1{}", "+1".repeat(n));
+        assert_eq!(deep(sum(10)), Ok(10));
+        assert_eq!(deep(sum(MAX_NESTING)), Ok(MAX_NESTING));
+        assert_eq!(deep(sum(100_000)), Err(ErrorCode::TooDeepAst));
+        let parens = |n: usize| format!("SELECT {}1{}", "(".repeat(n), ")".repeat(n));
+        assert_eq!(deep(parens(5)), Ok(5));
+        assert_eq!(deep(parens(50_000)), Err(ErrorCode::TooDeepAst));
+        // Lists are wide, not deep.
+        let list = format!("SELECT 1 WHERE 1 IN ({})", vec!["-1"; 50_000].join(", "));
+        assert!(deep(list).is_ok_and(|n| n < 5));
+        let rows = format!(
+            "INSERT INTO t VALUES {}",
+            vec!["(1 + 1, 'a')"; 20_000].join(", ")
+        );
+        assert!(deep(rows).is_ok_and(|n| n < 5));
+        // Clauses start afresh.
+        let wide = format!(
+            "SELECT {} FROM t WHERE {}",
+            "a + ".repeat(600) + "a",
+            "b = 1 AND ".repeat(300) + "true"
+        );
+        assert!(deep(wide).is_ok());
+    }
+}
