@@ -39,8 +39,9 @@ pub mod wire;
 use std::future::Future;
 use std::sync::Arc;
 
-use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::cancel::CancelHandler;
 use pgwire::api::{ConnectionManager, PgWireServerHandlers};
+use pgwire::messages::cancel::CancelRequest;
 use tokio::net::TcpListener;
 
 use auth::Startup;
@@ -60,7 +61,24 @@ pub fn local_connection(shared: Arc<Shared>) -> Connection {
 struct Handlers {
     connection: Arc<Connection>,
     startup: Arc<Startup>,
-    cancel: Arc<DefaultCancelHandler>,
+    cancel: Arc<Cancels>,
+}
+
+/// Cancel requests: pgwire's (which stops a statement until its response starts) and the
+/// server's own signal, which stops a statement whose rows are streaming.
+#[derive(Debug)]
+struct Cancels {
+    manager: Arc<ConnectionManager>,
+    shared: Arc<Shared>,
+}
+
+#[async_trait::async_trait]
+impl CancelHandler for Cancels {
+    async fn on_cancel_request(&self, request: CancelRequest) {
+        self.shared
+            .cancel(&(request.pid, request.secret_key.to_bytes().to_vec()));
+        self.manager.cancel(request.pid, &request.secret_key).await;
+    }
 }
 
 impl PgWireServerHandlers for Handlers {
@@ -100,7 +118,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let manager = Arc::new(ConnectionManager::new());
-    let cancel = Arc::new(DefaultCancelHandler::new(manager.clone()));
+    let cancel = Arc::new(Cancels {
+        manager: manager.clone(),
+        shared: shared.clone(),
+    });
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

@@ -25,7 +25,9 @@ use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt, Stream, StreamExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
-use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::query::{
+    send_execution_response, send_query_response, ExtendedQueryHandler, SimpleQueryHandler,
+};
 use pgwire::api::results::{
     DescribePortalResponse, DescribeStatementResponse, FieldFormat, FieldInfo, QueryResponse,
     Response, Tag,
@@ -48,7 +50,7 @@ use sluice_sql::{
 use crate::encode;
 use crate::error::to_pg;
 use crate::params;
-use crate::state::{access_denied, shutting_down, Phase, Shared};
+use crate::state::{access_denied, shutting_down, CancelKey, Phase, Shared};
 use crate::watch::ClientWatch;
 
 /// Query-level settings sluice honours (the `SETTINGS` tail).
@@ -175,6 +177,16 @@ pub struct Connection {
     manager: Arc<ConnectionManager>,
     parser: Arc<NoopQueryParser>,
     watch: Arc<ClientWatch>,
+    /// This connection's cancel signal, registered at its first statement.
+    cancel: std::sync::OnceLock<(CancelKey, Arc<tokio::sync::watch::Sender<u64>>)>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some((key, _)) = self.cancel.get() {
+            self.shared.forget_cancel(key);
+        }
+    }
 }
 
 impl Debug for Connection {
@@ -236,6 +248,7 @@ impl Connection {
             manager,
             parser: Arc::new(NoopQueryParser::new()),
             watch: Arc::new(watch),
+            cancel: std::sync::OnceLock::new(),
         }
     }
 
@@ -401,11 +414,12 @@ impl Connection {
         }
     }
 
-    /// What ends a statement early: its client going away, then (once admitted) the
-    /// server's grace period running out, and its `max_execution_time`.
+    /// What ends a statement early, once admitted: a cancel request, its client going away,
+    /// the server's grace period running out, its `max_execution_time`.
     fn stop(&self, max_execution_time: Option<Duration>) -> Stop {
         let shared = self.shared.clone();
         let watch = self.watch.clone();
+        let mut cancelled = self.cancel.get().map(|(_, signal)| signal.subscribe());
         let deadline = max_execution_time.map(|limit| (tokio::time::Instant::now() + limit, limit));
         Box::pin(async move {
             let timeout = async {
@@ -424,7 +438,19 @@ impl Connection {
                     None => std::future::pending().await,
                 }
             };
+            let cancel = async {
+                if let Some(rx) = cancelled.as_mut() {
+                    if rx.changed().await.is_ok() {
+                        return Error::new(
+                            ErrorCode::QueryWasCancelled,
+                            "canceling statement due to user request",
+                        );
+                    }
+                }
+                std::future::pending().await
+            };
             tokio::select! {
+                e = cancel => e,
                 _ = watch.gone() => client_gone(),
                 _ = shared.reached(Phase::Terminating) => shutting_down(Phase::Terminating),
                 e = timeout => e,
@@ -750,18 +776,24 @@ impl SimpleQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        self.cancellable(client);
         let user = user_of(client);
-        let mut responses = Vec::new();
-        // A simple query may hold several statements; each runs in turn, the first error stops.
+        // A simple query may hold several statements; each runs in turn and its answer is
+        // sent before the next starts (so its rows stream, and its permits go, first); the
+        // first error stops.
         for statement in sluice_sql::statements(query) {
             let statement = statement.map_err(|e| to_pg(&e))?;
             let outcome = self
                 .run(&user, statement, Vec::new(), &mut ClientNotices(client))
                 .await
                 .map_err(|e| to_pg(&e))?;
-            responses.push(self.respond(outcome, &Format::UnifiedText)?);
+            match self.respond(outcome, &Format::UnifiedText)? {
+                Response::Query(rows) => send_query_response(client, rows, true).await?,
+                Response::Execution(tag) => send_execution_response(client, tag).await?,
+                _ => {}
+            }
         }
-        Ok(responses)
+        Ok(Vec::new())
     }
 }
 
@@ -786,6 +818,7 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        self.cancellable(client);
         let sql = &portal.statement.statement;
         let Some(statement) = sluice_sql::statement(sql).map_err(|e| to_pg(&e))? else {
             return Ok(Response::EmptyQuery);
@@ -849,6 +882,16 @@ impl ExtendedQueryHandler for Connection {
 }
 
 impl Connection {
+    /// Registers this connection's cancel signal under its key (once).
+    fn cancellable<C: ClientInfo>(&self, client: &C) {
+        if self.cancel.get().is_none() {
+            let (pid, secret) = client.pid_and_secret_key();
+            let key = (pid, secret.to_bytes().to_vec());
+            let signal = self.shared.cancel_signal(key.clone());
+            let _ = self.cancel.set((key, signal));
+        }
+    }
+
     /// The types to decode a portal's values with. Values the client declared a type for, and
     /// values sent as text, need no planning (the engine casts each to its placeholder's
     /// type); only an undeclared value in binary needs the inferred type to be read at all.

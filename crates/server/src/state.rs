@@ -12,6 +12,9 @@ use sluice_engine::{Embedded, Engine};
 use sluice_sched::{compile, recompile, Machine, ResourceScheduler, SchedulerTrees, TokioClock};
 use sluice_sql::{CostUnit, Error, ErrorCode, Result, Statement};
 
+/// A connection's identity for cancel requests: its process id and secret key.
+pub type CancelKey = (i32, Vec<u8>);
+
 /// How the server was asked to run.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -115,6 +118,9 @@ pub struct Shared {
     /// DDL is applied one statement at a time.
     ddl: tokio::sync::Mutex<()>,
     processes: Mutex<BTreeMap<u64, Process>>,
+    /// Cancel signals by connection key (pid, secret), for statements whose rows are
+    /// streaming: pgwire's own cancel only reaches a statement until its response starts.
+    cancels: Mutex<std::collections::HashMap<CancelKey, Arc<tokio::sync::watch::Sender<u64>>>>,
     next_query_id: AtomicU64,
     phase: tokio::sync::watch::Sender<Phase>,
 }
@@ -156,6 +162,7 @@ impl Shared {
             })),
             ddl: tokio::sync::Mutex::new(()),
             processes: Mutex::new(BTreeMap::new()),
+            cancels: Mutex::default(),
             next_query_id: AtomicU64::new(1),
             phase: tokio::sync::watch::Sender::new(Phase::Serving),
         }))
@@ -213,6 +220,37 @@ impl Shared {
         ProcessGuard {
             shared: self.clone(),
             query_id,
+        }
+    }
+
+    /// The cancel signal of the connection with `key`: its value changes with each cancel
+    /// request. Registered until [`Shared::forget_cancel`].
+    pub fn cancel_signal(&self, key: CancelKey) -> Arc<tokio::sync::watch::Sender<u64>> {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::watch::Sender::new(0)))
+            .clone()
+    }
+
+    pub fn forget_cancel(&self, key: &CancelKey) {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// A cancel request for connection `key` (the statement streaming there, if any, stops).
+    pub fn cancel(&self, key: &CancelKey) {
+        let signal = self
+            .cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned();
+        if let Some(signal) = signal {
+            signal.send_modify(|n| *n += 1);
         }
     }
 

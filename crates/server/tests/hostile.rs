@@ -206,7 +206,7 @@ async fn bind_time(client: &tokio_postgres::Client, n: usize) -> Duration {
         "SELECT count(*) FROM (VALUES (1)) AS t(x) WHERE x IN ({})",
         placeholders.join(", ")
     );
-    let values: Vec<i32> = (0..n as i32).collect();
+    let values: Vec<i64> = (0..n as i64).collect();
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
         .iter()
         .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
