@@ -432,3 +432,52 @@ async fn a_live_limit_change_takes_over_waiting_and_running_queries() {
     assert_nothing_held(&admin).await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn parameters_are_written_as_their_column_types() {
+    use tokio_postgres::types::Type;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    client
+        .batch_execute("CREATE TABLE p (k INT, v TEXT, f DOUBLE PRECISION)")
+        .await
+        .expect("create");
+    // As psycopg 3 sends a small Python int and a float: int2 and int4 where the columns are
+    // INT and DOUBLE PRECISION.
+    let insert = client
+        .prepare_typed(
+            "INSERT INTO p VALUES ($1, $2, $3)",
+            &[Type::INT2, Type::TEXT, Type::INT4],
+        )
+        .await
+        .expect("prepares");
+    for k in [3i16, 1, 2] {
+        let n = client
+            .execute(&insert, &[&k, &format!("v{k}"), &(k as i32)])
+            .await
+            .expect("inserts");
+        assert_eq!(n, 1, "the command tag counts the row");
+    }
+    assert_eq!(
+        column(
+            &client,
+            "SELECT DISTINCT arrow_typeof(k) || ' ' || arrow_typeof(f) FROM p"
+        )
+        .await,
+        ["Int32 Float64"]
+    );
+    // The table reads as one schema: sorting and filtering over it work for everyone.
+    assert_eq!(
+        column(&client, "SELECT k FROM p ORDER BY k").await,
+        ["1", "2", "3"]
+    );
+    let select = client
+        .prepare_typed("SELECT v FROM p WHERE k = $1", &[Type::INT2])
+        .await
+        .expect("prepares");
+    let rows = client.query(&select, &[&2i16]).await.expect("selects");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), "v2");
+    server.stop().await;
+}
