@@ -335,3 +335,32 @@ async fn metrics_count_admissions_rejections_and_waits() {
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_rollback_that_cannot_undo_writes_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let (client, mut notices) = client_with_notices(server.port).await;
+    client
+        .batch_execute("CREATE TABLE r (x INT)")
+        .await
+        .expect("create");
+    // A block that only reads rolls back in silence.
+    client
+        .batch_execute("BEGIN; SELECT count(*) FROM r; ROLLBACK")
+        .await
+        .expect("read-only block");
+    client
+        .batch_execute("BEGIN; INSERT INTO r VALUES (1); ROLLBACK")
+        .await
+        .expect("block with a write");
+    let warning = tokio::time::timeout(Duration::from_secs(5), notices.recv())
+        .await
+        .expect("a warning arrives")
+        .expect("notice");
+    assert!(warning.contains("did not undo"), "{warning}");
+    assert!(notices.try_recv().is_err(), "one warning only");
+    // The write stayed, as the warning says.
+    assert_eq!(column(&client, "SELECT count(*) FROM r").await, ["1"]);
+    server.stop().await;
+}
