@@ -4,8 +4,10 @@
 //! [`tree::recompile`] which reuses the unchanged subtrees of an earlier compilation), the
 //! shape ClickHouse 26.9 builds and `system.scheduler` shows; and running a tree
 //! ([`runtime::ResourceScheduler`]): the time-shared nodes (fifo, fair, priority, inflight_limit,
-//! bandwidth_limit), admission futures and RAII permits, and a [`runtime::Clock`] so timing logic
-//! runs in virtual time in tests.
+//! bandwidth_limit), admission futures and RAII permits that can move to another workload or
+//! change their cost, and a [`runtime::Clock`] so timing logic runs in virtual time in tests.
+//! The runtime's behaviour reads as data-driven scripts in `testdata/` (run by
+//! `tests/scripts.rs`).
 //!
 //! Invariants:
 //! - Compiling is a pure function of (catalog snapshot, [`tree::Machine`]); the trees are

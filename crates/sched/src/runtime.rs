@@ -7,7 +7,12 @@
 //! A grant becomes a [`Permit`]; dropping it gives back what it holds on every `inflight_limit`
 //! of its path, which may let the next request through.
 //!
-//! Invariants (each has a test in `tests/runtime.rs`):
+//! A granted [`Permit`] can move: [`Permit::move_to`] takes it to another leaf workload of the
+//! same resource (it leaves the old path's `inflight_limit`s and counts in the new path's,
+//! without being released), and [`Permit::set_cost`] changes the cost it holds. Both count the
+//! new place before they give back the old, so a constraint both paths share never dips.
+//!
+//! Invariants (each has a test in `tests/runtime.rs` or a script in `testdata/`):
 //! - Dropping an [`Acquire`] that has not been granted removes its request from the queue; one
 //!   dropped after the grant was decided releases the grant. Dropping a [`Permit`] returns all it
 //!   held. No path leaks a slot or a queue entry.
@@ -146,6 +151,8 @@ struct RtNode {
 struct Grant {
     constraints: Vec<usize>,
     cost: i64,
+    /// The leaf workload it counts in.
+    workload: String,
     /// The scheduler whose nodes `constraints` index.
     owner: Weak<Shared>,
 }
@@ -568,9 +575,11 @@ impl Shared {
                     *cost += waiting.cost;
                 }
             }
+            let workload = state.nodes[waiting.leaf].owner.clone().unwrap_or_default();
             let grant = Grant {
                 constraints,
                 cost: waiting.cost,
+                workload,
                 owner: Arc::downgrade(self),
             };
             if let Err(grant) = waiting.grant.send(grant) {
@@ -919,6 +928,103 @@ impl Permit {
     pub fn is_unlimited(&self) -> bool {
         self.grant.is_none()
     }
+
+    /// The leaf workload the permit counts in (`None` when unlimited).
+    pub fn workload(&self) -> Option<&str> {
+        self.grant.as_ref().map(|g| g.workload.as_str())
+    }
+
+    /// The cost the permit holds.
+    pub fn cost(&self) -> i64 {
+        self.grant.as_ref().map_or(0, |g| g.cost)
+    }
+
+    /// Moves the permit to leaf `workload` of the same resource, without releasing it: it
+    /// leaves the `inflight_limit`s of its old path and counts in those of the new one, even
+    /// past their limits (new admissions there wait until it is back under). Constraints the
+    /// two paths share never see it leave. Waiters the move frees are granted in order. A
+    /// workload this resource does not know makes the permit unlimited.
+    ///
+    /// Fails (and changes nothing) for a workload that has children.
+    pub fn move_to(&mut self, scheduler: &ResourceScheduler, workload: &str) -> Result<()> {
+        let cost = self.grant.as_ref().map_or(1, |g| g.cost);
+        self.regrant(scheduler, workload, cost)
+    }
+
+    /// Changes the cost the permit holds (a query's memory grows or shrinks): every constraint
+    /// of its path counts the new cost; a smaller cost may let waiters through.
+    pub fn set_cost(&mut self, scheduler: &ResourceScheduler, cost: i64) -> Result<()> {
+        match self.workload().map(str::to_string) {
+            Some(workload) => self.regrant(scheduler, &workload, cost),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts the permit anew in `workload` at `cost` in the scheduler now in charge, then
+    /// gives back what it held: in that order, so a constraint both count in never dips.
+    fn regrant(&mut self, scheduler: &ResourceScheduler, workload: &str, cost: i64) -> Result<()> {
+        let current = scheduler.current();
+        let shared = current.shared;
+        let new_grant = {
+            let mut state = shared.lock();
+            match state.leaves.get(workload).copied() {
+                None => None,
+                Some(None) => {
+                    return Err(Error::new(
+                        ErrorCode::InvalidSchedulerNode,
+                        format!("Unable to link to workload '{workload}' that has children"),
+                    ))
+                }
+                Some(Some(leaf)) => {
+                    let constraints = constraints_of(&state, leaf);
+                    for &c in &constraints {
+                        if let RtKind::Inflight {
+                            requests,
+                            cost: held,
+                            ..
+                        } = &mut state.nodes[c].kind
+                        {
+                            *requests += 1;
+                            *held += cost;
+                        }
+                    }
+                    Some(Grant {
+                        constraints,
+                        cost,
+                        workload: workload.to_string(),
+                        owner: Arc::downgrade(&shared),
+                    })
+                }
+            }
+        };
+        let old = std::mem::replace(&mut self.grant, new_grant);
+        let old_owner = std::mem::replace(
+            &mut self.shared,
+            self.grant.as_ref().map(|_| shared.clone()),
+        );
+        if let (Some(owner), Some(grant)) = (old_owner, old) {
+            owner.release(&grant.constraints, grant.cost);
+        } else {
+            let mut state = shared.lock();
+            shared.dispatch(&mut state);
+        }
+        Ok(())
+    }
+}
+
+/// The `inflight_limit` nodes on the path from `leaf` to the root: what a request granted
+/// there counts against (the same nodes [`dequeue`] records on its way down).
+fn constraints_of(state: &State, leaf: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut at = Some(leaf);
+    while let Some(n) = at {
+        if matches!(state.nodes[n].kind, RtKind::Inflight { .. }) {
+            out.push(n);
+        }
+        at = state.nodes[n].parent;
+    }
+    out.reverse();
+    out
 }
 
 impl Drop for Permit {

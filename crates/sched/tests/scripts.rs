@@ -1,0 +1,367 @@
+//! The scheduler runtime's behaviour as data-driven scripts (`testdata/*.txt`), in the spirit of
+//! CockroachDB's `pkg/util/admission/testdata`. Each case is a command, `----`, and the output
+//! it must give; cases are separated by a blank line, `#` starts a comment. Run with
+//! `REWRITE=1` to write the outputs the code gives now into the files (then read the diff).
+//!
+//! Commands (time is virtual: tokio's clock is paused):
+//! - `catalog` + DDL lines: the catalog (a QUERY resource `q` is there from the start) is
+//!   changed and compiled; the first builds the scheduler, later ones hand over to a new one
+//!   (`ResourceScheduler::succeed`), as a live catalog change does.
+//! - `acquire NAME WORKLOAD [cost=N]`: a request; says whether it was granted or waits.
+//! - `release NAME` / `cancel NAME`: drops a granted request's permit / a waiting request.
+//! - `move NAME WORKLOAD`: moves a granted request to another leaf without releasing it.
+//! - `resize NAME COST`: changes the cost a granted request holds.
+//! - `advance DURATION` (`250ms`, `2s`): moves virtual time on.
+//! - `print`: every node's live state.
+//!
+//! After each command, requests whose wait ended are listed (`NAME: granted`, or the error).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use sluice_catalog::Catalog;
+use sluice_sched::{compile, Acquire, Machine, Permit, ResourceScheduler, TokioClock};
+use sluice_sql::parse_script;
+
+const MACHINE: Machine = Machine {
+    cores: 4,
+    memory: 1 << 34,
+};
+
+enum Request {
+    Waiting(Acquire),
+    Granted(Permit),
+}
+
+struct Script {
+    catalog: Catalog,
+    scheduler: Option<ResourceScheduler>,
+    /// Requests by name, in the order they were made.
+    requests: Vec<(String, Request)>,
+}
+
+impl Script {
+    fn new() -> Script {
+        let mut catalog = Catalog::new();
+        for item in parse_script("CREATE RESOURCE q (QUERY)") {
+            catalog
+                .apply_mut(&item.result.expect("parses"))
+                .expect("applies");
+        }
+        Script {
+            catalog,
+            scheduler: None,
+            requests: Vec::new(),
+        }
+    }
+
+    fn scheduler(&self) -> Result<&ResourceScheduler, String> {
+        self.scheduler
+            .as_ref()
+            .ok_or_else(|| "no catalog yet".to_string())
+    }
+
+    fn request(&mut self, name: &str) -> Result<&mut Request, String> {
+        self.requests
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, r)| r)
+            .ok_or_else(|| format!("no request {name}"))
+    }
+
+    fn granted(&mut self, name: &str) -> Result<&mut Permit, String> {
+        match self.request(name)? {
+            Request::Granted(p) => Ok(p),
+            Request::Waiting(_) => Err(format!("{name} is not granted")),
+        }
+    }
+
+    async fn run(&mut self, command: &str, body: &[String]) -> Vec<String> {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let mut out = match self.command(&words, body).await {
+            Ok(lines) => lines,
+            Err(e) => vec![format!("error: {e}")],
+        };
+        out.extend(self.resolved());
+        out
+    }
+
+    async fn command(&mut self, words: &[&str], body: &[String]) -> Result<Vec<String>, String> {
+        match words {
+            ["catalog"] => {
+                let mut catalog = self.catalog.clone();
+                for item in parse_script(&body.join("\n")) {
+                    let stmt = item.result.map_err(|e| e.to_string())?;
+                    catalog.apply_mut(&stmt).map_err(|e| e.to_string())?;
+                }
+                let trees = compile(&catalog, MACHINE).map_err(|e| e.to_string())?;
+                let tree = trees.tree("q").ok_or("no tree q")?;
+                self.scheduler = Some(match &self.scheduler {
+                    None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
+                    Some(old) => old.succeed(tree),
+                });
+                self.catalog = catalog;
+                settle().await;
+                Ok(vec!["ok".into()])
+            }
+            ["acquire", name, workload, rest @ ..] => {
+                let cost = match rest {
+                    [] => 1,
+                    [c] => c
+                        .strip_prefix("cost=")
+                        .and_then(|c| c.parse().ok())
+                        .ok_or("acquire NAME WORKLOAD [cost=N]")?,
+                    _ => return Err("acquire NAME WORKLOAD [cost=N]".into()),
+                };
+                let mut acquire = self
+                    .scheduler()?
+                    .acquire(workload, cost)
+                    .map_err(|e| e.to_string())?;
+                let line = match poll_once(&mut acquire) {
+                    Some(Ok(permit)) => {
+                        self.requests
+                            .push((name.to_string(), Request::Granted(permit)));
+                        format!("{name}: granted")
+                    }
+                    Some(Err(e)) => format!("{name}: {e}"),
+                    None => {
+                        let line = format!("{name}: waiting in {}", acquire.queue_path());
+                        self.requests
+                            .push((name.to_string(), Request::Waiting(acquire)));
+                        line
+                    }
+                };
+                Ok(vec![line])
+            }
+            ["release", name] => {
+                self.granted(name)?;
+                self.requests.retain(|(n, _)| n != name);
+                Ok(vec![])
+            }
+            ["cancel", name] => {
+                if !matches!(self.request(name)?, Request::Waiting(_)) {
+                    return Err(format!("{name} is not waiting"));
+                }
+                self.requests.retain(|(n, _)| n != name);
+                Ok(vec![])
+            }
+            ["move", name, workload] => {
+                let scheduler = self.scheduler()?.clone();
+                self.granted(name)?
+                    .move_to(&scheduler, workload)
+                    .map_err(|e| e.to_string())?;
+                Ok(vec![])
+            }
+            ["resize", name, cost] => {
+                let cost: i64 = cost.parse().map_err(|_| "resize NAME COST")?;
+                let scheduler = self.scheduler()?.clone();
+                self.granted(name)?
+                    .set_cost(&scheduler, cost)
+                    .map_err(|e| e.to_string())?;
+                Ok(vec![])
+            }
+            ["advance", duration] => {
+                let duration = parse_duration(duration).ok_or("advance 250ms | 2s")?;
+                tokio::time::advance(duration).await;
+                settle().await;
+                Ok(vec![])
+            }
+            ["print"] => Ok(self.print()?),
+            _ => Err(format!("unknown command {words:?}")),
+        }
+    }
+
+    /// Waiting requests that have been granted or failed since the last look.
+    fn resolved(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut failed = Vec::new();
+        for (name, request) in &mut self.requests {
+            let Request::Waiting(acquire) = request else {
+                continue;
+            };
+            match poll_once(acquire) {
+                Some(Ok(permit)) => {
+                    out.push(format!("{name}: granted"));
+                    *request = Request::Granted(permit);
+                }
+                Some(Err(e)) => {
+                    out.push(format!("{name}: {e}"));
+                    failed.push(name.clone());
+                }
+                None => {}
+            }
+        }
+        self.requests.retain(|(n, _)| !failed.contains(n));
+        out
+    }
+
+    fn print(&self) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for node in self.scheduler()?.nodes() {
+            let mut line = format!("{} {}", node.path, node.type_name);
+            if let Some(q) = node.queue_length {
+                line += &format!(" queued={q}");
+            }
+            if let (Some(r), Some(c)) = (node.inflight_requests, node.inflight_cost) {
+                line += &format!(" inflight={r} cost={c}");
+            }
+            if let Some(t) = node.tokens {
+                line += &format!(" tokens={t:.2}");
+            }
+            line += &format!(" dequeued={}", node.stats.dequeued_requests);
+            out.push(line);
+        }
+        let held: BTreeMap<&str, String> = self
+            .requests
+            .iter()
+            .filter_map(|(n, r)| match r {
+                Request::Granted(p) => Some((
+                    n.as_str(),
+                    format!(
+                        "{} cost={}",
+                        p.workload().unwrap_or("(unlimited)"),
+                        p.cost()
+                    ),
+                )),
+                Request::Waiting(_) => None,
+            })
+            .collect();
+        for (name, what) in held {
+            out.push(format!("held {name}: {what}"));
+        }
+        Ok(out)
+    }
+}
+
+fn poll_once(acquire: &mut Acquire) -> Option<sluice_sql::Result<Permit>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(acquire).poll(&mut cx) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    }
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    s.strip_suffix('s')?
+        .parse::<f64>()
+        .ok()
+        .map(Duration::from_secs_f64)
+}
+
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// One case of a script file.
+struct Case {
+    command: String,
+    body: Vec<String>,
+    expected: Vec<String>,
+}
+
+fn parse_cases(text: &str) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let command = line.to_string();
+        let mut body = Vec::new();
+        for line in lines.by_ref() {
+            if line == "----" {
+                break;
+            }
+            body.push(line.to_string());
+        }
+        let mut expected = Vec::new();
+        while let Some(line) = lines.peek() {
+            if line.trim().is_empty() {
+                break;
+            }
+            expected.push(line.to_string());
+            lines.next();
+        }
+        cases.push(Case {
+            command,
+            body,
+            expected,
+        });
+    }
+    cases
+}
+
+fn render(cases: &[Case], outputs: &[Vec<String>], original: &str) -> String {
+    // Keep the file's leading comment block.
+    let mut out: String = original
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    for (case, output) in cases.iter().zip(outputs) {
+        out += &case.command;
+        out.push('\n');
+        for line in &case.body {
+            out += line;
+            out.push('\n');
+        }
+        out += "----\n";
+        for line in output {
+            out += line;
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduler_scripts() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("testdata")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no scripts in {}", dir.display());
+    let rewrite = std::env::var_os("REWRITE").is_some();
+    let mut failures = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("script");
+        let cases = parse_cases(&text);
+        let mut script = Script::new();
+        let mut outputs = Vec::new();
+        for case in &cases {
+            let output = script.run(&case.command, &case.body).await;
+            if output != case.expected {
+                failures.push(format!(
+                    "{}: `{}`\n  expected: {:?}\n  got:      {:?}",
+                    file.display(),
+                    case.command,
+                    case.expected,
+                    output
+                ));
+            }
+            outputs.push(output);
+        }
+        if rewrite {
+            std::fs::write(file, render(&cases, &outputs, &text)).expect("rewrite");
+        }
+    }
+    if !rewrite {
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
