@@ -238,6 +238,14 @@ impl ResourceScheduler {
         self.current().shared.lock().leaves.contains_key(workload)
     }
 
+    /// Whether `workload` is in this tree but has children (requests cannot link to it).
+    pub fn is_inner_workload(&self, workload: &str) -> bool {
+        matches!(
+            self.current().shared.lock().leaves.get(workload),
+            Some(None)
+        )
+    }
+
     /// The scheduler now in charge: this one, or the last of its successors.
     fn current(&self) -> ResourceScheduler {
         let mut at = self.shared.clone();

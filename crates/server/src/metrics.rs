@@ -59,6 +59,11 @@ impl Series {
         self.buckets[bucket].fetch_add(1, Relaxed);
         Gauge::up(self, |s| &s.in_flight)
     }
+
+    /// A query moved into this series' workload: counted in flight until dropped.
+    pub fn moved_in(self: &Arc<Self>) -> Gauge {
+        Gauge::up(self, |s| &s.in_flight)
+    }
 }
 
 /// Holds one unit of a gauge of a series (waiting, in flight) until dropped.

@@ -50,7 +50,7 @@ use sluice_sql::{
 use crate::encode;
 use crate::error::to_pg;
 use crate::params;
-use crate::state::{access_denied, shutting_down, CancelKey, Phase, Shared};
+use crate::state::{access_denied, shutting_down, Attachment, CancelKey, Grant, Phase, Shared};
 use crate::watch::ClientWatch;
 
 /// Query-level settings sluice honours (the `SETTINGS` tail).
@@ -472,7 +472,7 @@ impl Connection {
         }
         // Declared before the guard so that, however the statement ends (an error, a cancel
         // dropping this future), the guard goes first and the permits after it.
-        let mut hold: Held = Vec::new();
+        let mut attachments = Vec::new();
         let guard = self.shared.register(user, &workload, &query.text);
         let snapshot = self.shared.snapshot();
         for (resource, scheduler) in &snapshot.schedulers {
@@ -510,11 +510,21 @@ impl Connection {
                 _ = self.watch.gone() => return Err(client_gone()),
             };
             drop(counted_waiting);
-            hold.push(Box::new(permit));
-            hold.push(Box::new(series.admitted(arrived.elapsed())));
+            attachments.push(Attachment {
+                resource: resource.clone(),
+                permit,
+                in_flight: series.admitted(arrived.elapsed()),
+            });
             guard.waiting_for(None);
         }
-        guard.running();
+        let grant = Arc::new(Mutex::new(Grant {
+            workload: workload.clone(),
+            attachments,
+        }));
+        guard.running(grant.clone());
+        // First in, so first dropped: the statement leaves system.processes before its
+        // permits are released, and is never seen running beside its successor.
+        let hold: Held = vec![Box::new(guard), Box::new(grant)];
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
             target_partitions: settings.max_threads,
@@ -524,9 +534,6 @@ impl Connection {
             output = self.session.execute(&query.text, options, params) => output?,
             e = &mut stop => return Err(e),
         };
-        // First in, so first dropped: the statement leaves system.processes before its
-        // permits are released, and is never seen running beside its successor.
-        hold.insert(0, Box::new(guard));
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
                 schema,

@@ -92,6 +92,23 @@ pub struct Snapshot {
     pub schedulers: BTreeMap<String, ResourceScheduler>,
 }
 
+/// What an admitted query holds: one attachment per QUERY resource it passed, each a permit
+/// of that resource's scheduler. Found by its `query_id` (see [`Shared::move_query`]), so
+/// an admitted query can be moved to another workload without being released.
+#[derive(Debug)]
+pub struct Grant {
+    pub workload: String,
+    pub attachments: Vec<Attachment>,
+}
+
+/// A query's hold on one resource: its permit, and the metrics gauge counting it in flight.
+#[derive(Debug)]
+pub struct Attachment {
+    pub resource: String,
+    pub permit: sluice_sched::Permit,
+    pub in_flight: crate::metrics::Gauge,
+}
+
 /// A statement running or waiting, for `system.processes`.
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -103,6 +120,8 @@ pub struct Process {
     pub running: bool,
     pub started: Instant,
     pub query: String,
+    /// What it holds, once admitted.
+    pub grant: Option<Arc<Mutex<Grant>>>,
 }
 
 pub struct Shared {
@@ -212,6 +231,7 @@ impl Shared {
             running: false,
             started: Instant::now(),
             query: query.to_string(),
+            grant: None,
         };
         self.processes
             .lock()
@@ -252,6 +272,52 @@ impl Shared {
         if let Some(signal) = signal {
             signal.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Moves admitted query `query_id` to leaf `workload`, with everything it holds and
+    /// without releasing it: on every resource it passed, it leaves its old workload's limits
+    /// and counts in the new one's (see `Permit::move_to`). `system.processes` shows the new
+    /// workload at once.
+    pub fn move_query(&self, query_id: u64, workload: &str) -> Result<()> {
+        let grant = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&query_id)
+            .and_then(|p| p.grant.clone())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("no admitted query with query_id {query_id}"),
+                )
+            })?;
+        let snapshot = self.snapshot();
+        let mut grant = grant.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked on every resource first, so a refused move changes nothing.
+        for attachment in &grant.attachments {
+            if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {
+                if scheduler.is_inner_workload(workload) {
+                    return Err(Error::new(
+                        ErrorCode::InvalidSchedulerNode,
+                        format!("Unable to link to workload '{workload}' that has children"),
+                    ));
+                }
+            }
+        }
+        for attachment in &mut grant.attachments {
+            if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {
+                attachment.permit.move_to(scheduler, workload)?;
+            }
+            attachment.in_flight = self
+                .metrics
+                .series(&attachment.resource, workload)
+                .moved_in();
+        }
+        grant.workload = workload.to_string();
+        drop(grant);
+        self.update(query_id, |p| p.workload = workload.to_string());
+        tracing::info!(query_id, workload, "query moved");
+        Ok(())
     }
 
     pub fn phase(&self) -> Phase {
@@ -325,11 +391,12 @@ impl ProcessGuard {
         });
     }
 
-    /// Admitted: from now on the statement runs.
-    pub fn running(&self) {
+    /// Admitted with `grant`: from now on the statement runs.
+    pub fn running(&self, grant: Arc<Mutex<Grant>>) {
         self.shared.update(self.query_id, |p| {
             p.waiting_for = None;
             p.running = true;
+            p.grant = Some(grant);
         });
     }
 }

@@ -481,3 +481,63 @@ async fn parameters_are_written_as_their_column_types() {
     assert_eq!(rows[0].get::<_, String>(0), "v2");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_admitted_query_moves_to_another_workload_without_being_released() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE q (QUERY);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 10;
+         CREATE WORKLOAD fast IN all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD slow IN all SETTINGS max_concurrent_queries = 1",
+        false,
+    )
+    .await;
+    let runner = server.client().await;
+    let cancel = runner.cancel_token();
+    let running = tokio::spawn(async move {
+        runner
+            .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'fast'")
+            .await
+    });
+    until_running(&admin, 1).await;
+    let waiter = spawn_query(&server, "SELECT 2 SETTINGS workload = 'fast'").await;
+    until_waiting(&admin, 1).await;
+    let id: u64 = column(
+        &admin,
+        "SELECT query_id FROM system.processes WHERE query LIKE '%pg_sleep(60)%' AND state = 'running'",
+    )
+    .await[0]
+    .parse()
+    .expect("query id");
+    let e = server.shared.move_query(id, "all").expect_err("not a leaf");
+    assert_eq!(e.code, sluice_sql::ErrorCode::InvalidSchedulerNode);
+    server.shared.move_query(id, "slow").expect("moves");
+    // fast's slot is free: the waiter runs; the moved query still runs, now in slow.
+    waiter.await.expect("task").expect("the waiter ran");
+    assert_eq!(
+        column(
+            &admin,
+            &format!("SELECT workload || ' ' || state FROM system.processes WHERE query_id = {id}")
+        )
+        .await,
+        ["slow running"]
+    );
+    let held = |path: &'static str| {
+        let admin = &admin;
+        async move {
+            column(
+                admin,
+                &format!("SELECT inflight_requests FROM system.scheduler WHERE path = '{path}'"),
+            )
+            .await
+        }
+    };
+    assert_eq!(held("/all/semaphore/p0_fair/slow/semaphore").await, ["1"]);
+    assert_eq!(held("/all/semaphore/p0_fair/fast/semaphore").await, ["0"]);
+    assert_eq!(held("/all/semaphore").await, ["1"]);
+    cancel.cancel_query(NoTls).await.expect("cancel");
+    let e = running.await.expect("task").expect_err("cancelled");
+    assert_eq!(sqlstate(&e), "57014");
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
