@@ -1,56 +1,11 @@
 //! psql, the client people actually type into, against `sluice serve` started as a process.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// Starts `sluice serve` with `args` (plus a fresh data dir) and waits until it listens.
-fn start(dir: &std::path::Path, args: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .args(args)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starts sluice serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let server = Server(child);
-    // Ready when it says it listens (bounded).
-    let started = Instant::now();
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "sluice did not start"
-        );
-        match lines.next() {
-            Some(Ok(line)) if line.contains("listening on") => break,
-            Some(Ok(_)) => continue,
-            _ => panic!("sluice exited before listening"),
-        }
-    }
-    // Keep reading so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    server
-}
+use common::{free_port, start};
 
 #[test]
 fn psql_talks_to_sluice_serve() {
