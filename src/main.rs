@@ -313,7 +313,7 @@ fn serve(
             // Ends with the runtime, after the server has drained.
             tokio::spawn(sluice_server::metrics::serve_metrics(
                 metrics,
-                shared.clone(),
+                shared.metrics.clone(),
                 std::future::pending(),
             ));
         }

@@ -28,8 +28,6 @@ use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_sql::{Error, ErrorCode, Result};
 
-use crate::session::Connection;
-
 /// The iteration count of verifiers `sluice passwd` makes (Postgres' default).
 pub const SCRAM_ITERATIONS: usize = 4096;
 
@@ -236,11 +234,17 @@ impl AuthSource for VerifierSource {
 
 /// The start-up of one connection: SCRAM when users are configured, else trust (loopback
 /// only, see [`check_listen`]); then the connection's start-up options.
-pub struct Startup {
+pub struct Startup<T> {
     /// Kept until the first message says whether the connection is TLS.
     scram: Option<ScramSetup>,
     sasl: std::sync::OnceLock<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
-    connection: Arc<Connection>,
+    /// The connection: its trust start-up, and where the start-up options go.
+    connection: Arc<T>,
+}
+
+/// What a connection does with its start-up parameters (`options=-c workload=x`).
+pub trait StartupOptions {
+    fn apply_startup_options(&self, metadata: &std::collections::HashMap<String, String>);
 }
 
 struct ScramSetup {
@@ -249,7 +253,7 @@ struct ScramSetup {
     manager: Arc<ConnectionManager>,
 }
 
-impl Debug for Startup {
+impl<T> Debug for Startup<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Startup")
             .field("scram", &self.scram.is_some())
@@ -257,13 +261,13 @@ impl Debug for Startup {
     }
 }
 
-impl Startup {
+impl<T> Startup<T> {
     pub fn new(
         users: &Arc<Users>,
         tls_cert_pem: Option<Arc<Vec<u8>>>,
-        connection: Arc<Connection>,
+        connection: Arc<T>,
         manager: Arc<ConnectionManager>,
-    ) -> Startup {
+    ) -> Startup<T> {
         Startup {
             scram: (!users.is_empty()).then(|| ScramSetup {
                 users: users.clone(),
@@ -315,7 +319,10 @@ pub fn channel_binding_cert(cert: &Path) -> Option<Arc<Vec<u8>>> {
 }
 
 #[async_trait]
-impl StartupHandler for Startup {
+impl<T> StartupHandler for Startup<T>
+where
+    T: StartupHandler + StartupOptions + Send + Sync,
+{
     async fn on_startup<C>(
         &self,
         client: &mut C,

@@ -23,6 +23,10 @@
 //! - The server knows engines only through `sluice_engine`'s `Engine` and `Session` traits;
 //!   their work runs on the engine's threads, never on the runtime serving sockets.
 //!
+//! Imports point one way: `session` → `state` → `auth`, `metrics`; `auth` knows a connection
+//! only as a start-up handler with [`auth::StartupOptions`], and `metrics` is served from its
+//! own registry, not from `Shared`.
+//!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
 pub mod auth;
@@ -60,7 +64,7 @@ pub fn local_connection(shared: Arc<Shared>) -> Connection {
 
 struct Handlers {
     connection: Arc<Connection>,
-    startup: Arc<Startup>,
+    startup: Arc<Startup<Connection>>,
     cancel: Arc<Cancels>,
 }
 

@@ -16,8 +16,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::state::Shared;
-
 /// Upper bounds of the wait-time buckets, in seconds.
 const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
@@ -198,7 +196,7 @@ fn escape_label(v: &str) -> String {
 /// connection; anything else gets 404, oversized requests 431.
 pub async fn serve_metrics(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -213,7 +211,7 @@ pub async fn serve_metrics(
                 }
             },
         };
-        let shared = shared.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let mut request = Vec::new();
             let mut buf = [0u8; 1024];
@@ -234,7 +232,7 @@ pub async fn serve_metrics(
             let (status, body) = if request.len() > 8192 {
                 ("431 Request Header Fields Too Large", String::new())
             } else if line.starts_with("GET /metrics ") || line == "GET /metrics" {
-                ("200 OK", shared.metrics.render())
+                ("200 OK", metrics.render())
             } else {
                 (
                     "404 Not Found",

@@ -47,6 +47,7 @@ use sluice_sql::{
     TransactionControl,
 };
 
+use crate::auth::StartupOptions;
 use crate::encode;
 use crate::error::to_pg;
 use crate::params;
@@ -755,9 +756,9 @@ impl NoopStartupHandler for Connection {
     }
 }
 
-impl Connection {
+impl StartupOptions for Connection {
     /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
-    pub fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
+    fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
         if let Some(options) = metadata.get("options").cloned() {
             let mut parts = options.split_whitespace();
             while let Some(part) = parts.next() {

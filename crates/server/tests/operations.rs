@@ -271,7 +271,7 @@ async fn metrics_count_admissions_rejections_and_waits() {
     let metrics_port = listener.local_addr().expect("addr").port();
     tokio::spawn(sluice_server::metrics::serve_metrics(
         listener,
-        server.shared.clone(),
+        server.shared.metrics.clone(),
         std::future::pending(),
     ));
     let admin = server.client().await;
