@@ -62,6 +62,17 @@ def psycopg_part():
             cur.execute("SELECT 1 / 0")
         except psycopg.Error as e:
             show("psycopg error", e.sqlstate)
+    # A named (server-side) cursor: DECLARE, FETCH FORWARD n, CLOSE, inside a transaction.
+    with psycopg.connect(DSN) as conn:
+        with conn.cursor(name="drv_cursor") as cur:
+            cur.itersize = 2
+            cur.execute("SELECT k, t FROM drv WHERE k > %s ORDER BY k", (0,))
+            show("psycopg named cursor description", [c.name for c in cur.description])
+            show("psycopg named cursor first", cur.fetchone())
+            show("psycopg named cursor many", cur.fetchmany(2))
+            show("psycopg named cursor rest", cur.fetchall())
+            show("psycopg named cursor iterated", list(cur))
+        conn.commit()
 
 
 async def asyncpg_part():

@@ -26,7 +26,8 @@ use futures::{stream, Sink, SinkExt, Stream, StreamExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{
-    send_execution_response, send_query_response, ExtendedQueryHandler, SimpleQueryHandler,
+    send_describe_response, send_execution_response, send_query_response, ExtendedQueryHandler,
+    SimpleQueryHandler,
 };
 use pgwire::api::results::{
     DescribePortalResponse, DescribeStatementResponse, FieldFormat, FieldInfo, QueryResponse,
@@ -36,6 +37,7 @@ use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADATA_USER};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -180,6 +182,8 @@ pub struct Connection {
     watch: Arc<ClientWatch>,
     /// This connection's cancel signal, registered at its first statement.
     cancel: std::sync::OnceLock<(CancelKey, Arc<tokio::sync::watch::Sender<u64>>)>,
+    /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
+    cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
 }
 
 impl Drop for Connection {
@@ -207,7 +211,50 @@ enum Outcome {
         batches: BatchStream,
         hold: Held,
     },
+    /// Rows fetched from a cursor (`FETCH n`).
+    Fetched {
+        schema: Arc<Schema>,
+        batches: Vec<RecordBatch>,
+    },
     Command(Tag),
+}
+
+/// An open cursor: the rows of its query as they stream, and what the query holds (its slot
+/// stays taken until the cursor is closed, as in PostgreSQL).
+struct Cursor {
+    schema: Arc<Schema>,
+    batches: BatchStream,
+    /// Rows of a batch a `FETCH` took only part of.
+    pending: Option<RecordBatch>,
+    /// `WITH HOLD`: outlives the transaction block.
+    with_hold: bool,
+    _hold: Held,
+}
+
+impl Cursor {
+    /// Up to `count` more rows (all that are left for `None`).
+    async fn fetch(&mut self, count: Option<u64>) -> Result<Vec<RecordBatch>> {
+        let mut want = count.map_or(usize::MAX, |n| n as usize);
+        let mut out = Vec::new();
+        while want > 0 {
+            let batch = match self.pending.take() {
+                Some(batch) => batch,
+                None => match self.batches.next().await {
+                    Some(batch) => batch?,
+                    None => break,
+                },
+            };
+            if batch.num_rows() > want {
+                out.push(batch.slice(0, want));
+                self.pending = Some(batch.slice(want, batch.num_rows() - want));
+                want = 0;
+            } else {
+                want -= batch.num_rows();
+                out.push(batch);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Why a statement stops before its end, whichever comes first.
@@ -250,6 +297,7 @@ impl Connection {
             parser: Arc::new(NoopQueryParser::new()),
             watch: Arc::new(watch),
             cancel: std::sync::OnceLock::new(),
+            cursors: tokio::sync::Mutex::default(),
         }
     }
 
@@ -280,7 +328,11 @@ impl Connection {
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
-        if !params.is_empty() && !statement.is_query() {
+        let takes_params = matches!(
+            statement,
+            ClientStatement::Query(_) | ClientStatement::Declare { .. }
+        );
+        if !params.is_empty() && !takes_params {
             return Err(Error::new(
                 ErrorCode::BadArguments,
                 "only queries take bind parameters; send this statement without them",
@@ -367,6 +419,10 @@ impl Connection {
                         _ => Block::None,
                     },
                 );
+                if control != TransactionControl::Begin {
+                    // The block's cursors end with it, unless declared WITH HOLD.
+                    self.cursors.lock().await.retain(|_, c| c.with_hold);
+                }
                 if control == TransactionControl::Rollback && was == (Block::Open { wrote: true }) {
                     notices
                         .notice(
@@ -377,6 +433,60 @@ impl Connection {
                         .await;
                 }
                 Ok(Outcome::Command(Tag::new(control.tag())))
+            }
+            ClientStatement::Declare { name, hold, query } => {
+                if self.cursors.lock().await.contains_key(&name) {
+                    return Err(Error::new(
+                        ErrorCode::BadArguments,
+                        format!("cursor \"{name}\" already exists"),
+                    )
+                    .with_sqlstate("42P03"));
+                }
+                let Outcome::Rows {
+                    schema,
+                    batches,
+                    hold: held,
+                } = self.run_query(user, query, params, notices).await?
+                else {
+                    return Err(Error::new(
+                        ErrorCode::BadArguments,
+                        "a cursor's query must return rows",
+                    )
+                    .with_sqlstate("42P11"));
+                };
+                let cursor = Cursor {
+                    schema,
+                    batches,
+                    pending: None,
+                    with_hold: hold,
+                    _hold: held,
+                };
+                self.cursors.lock().await.insert(name, cursor);
+                Ok(Outcome::Command(Tag::new("DECLARE CURSOR")))
+            }
+            ClientStatement::Fetch { name, count } => {
+                let mut cursors = self.cursors.lock().await;
+                let cursor = cursors.get_mut(&name).ok_or_else(|| no_cursor(&name))?;
+                match cursor.fetch(count).await {
+                    Ok(batches) => Ok(Outcome::Fetched {
+                        schema: cursor.schema.clone(),
+                        batches,
+                    }),
+                    Err(e) => {
+                        cursors.remove(&name);
+                        Err(e)
+                    }
+                }
+            }
+            ClientStatement::Close(name) => {
+                let mut cursors = self.cursors.lock().await;
+                match name {
+                    Some(name) => {
+                        cursors.remove(&name).ok_or_else(|| no_cursor(&name))?;
+                    }
+                    None => cursors.clear(),
+                }
+                Ok(Outcome::Command(Tag::new("CLOSE CURSOR")))
             }
             ClientStatement::Query(query) => {
                 if query.kind != StatementKind::Select {
@@ -559,7 +669,18 @@ impl Connection {
         Ok(match statement {
             ClientStatement::Workload(_)
             | ClientStatement::Set { .. }
-            | ClientStatement::Transaction(_) => None,
+            | ClientStatement::Transaction(_)
+            | ClientStatement::Declare { .. }
+            | ClientStatement::Close(_) => None,
+            ClientStatement::Fetch { name, .. } => Some(
+                self.cursors
+                    .lock()
+                    .await
+                    .get(name)
+                    .ok_or_else(|| no_cursor(name))?
+                    .schema
+                    .clone(),
+            ),
             ClientStatement::Show(name) => Some(text_schema(name)),
             ClientStatement::ShowEntities(_) => Some(text_schema("name")),
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
@@ -611,6 +732,14 @@ impl Connection {
     fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
         match outcome {
             Outcome::Command(tag) => Ok(Response::Execution(tag)),
+            Outcome::Fetched { schema, batches } => {
+                let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
+                let rows = encode::rows(&batches, fields.clone())?;
+                let mut response =
+                    QueryResponse::new(fields, stream::iter(rows.into_iter().map(Ok)));
+                response.command_tag = "FETCH".to_owned();
+                Ok(Response::Query(response))
+            }
             Outcome::Rows {
                 schema,
                 batches,
@@ -636,6 +765,15 @@ impl Connection {
             }
         }
     }
+}
+
+/// A cursor that is not open (`invalid_cursor_name`).
+fn no_cursor(name: &str) -> Error {
+    Error::new(
+        ErrorCode::BadArguments,
+        format!("cursor \"{name}\" does not exist"),
+    )
+    .with_sqlstate("34000")
 }
 
 /// The error of a statement whose client went away (nobody receives it; it ends the work).
@@ -680,11 +818,19 @@ impl Connection {
         let Some(statement) = sluice_sql::statement(sql)? else {
             return Ok(LocalOutput::Ok);
         };
-        match self
+        let outcome = match self
             .run("local", statement, Vec::new(), &mut NoNotices)
             .await?
         {
-            Outcome::Command(_) => Ok(LocalOutput::Ok),
+            Outcome::Fetched { schema, batches } => Outcome::Rows {
+                schema,
+                batches: collected(batches),
+                hold: Vec::new(),
+            },
+            other => other,
+        };
+        match outcome {
+            Outcome::Command(_) | Outcome::Fetched { .. } => Ok(LocalOutput::Ok),
             Outcome::Rows {
                 schema,
                 mut batches,
@@ -846,6 +992,34 @@ impl ExtendedQueryHandler for Connection {
             .await
             .map_err(|e| to_pg(&e))?;
         self.respond(outcome, &portal.result_column_format)
+    }
+
+    /// A Describe of a portal that is an SQL cursor (`DECLARE name CURSOR`): drivers' named
+    /// cursors (psycopg's) describe the cursor by its name, as PostgreSQL allows.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if message.target_type == TARGET_TYPE_BYTE_PORTAL {
+            let name = message.name.clone().unwrap_or_default();
+            if client.portal_store().get_portal(&name).is_none() {
+                let schema = self
+                    .cursors
+                    .lock()
+                    .await
+                    .get(&name)
+                    .map(|c| c.schema.clone());
+                if let Some(schema) = schema {
+                    let fields = encode::fields(&schema, |_| FieldFormat::Text);
+                    return send_describe_response(client, &DescribePortalResponse::new(fields))
+                        .await;
+                }
+            }
+        }
+        self._on_describe(client, message).await
     }
 
     async fn do_describe_statement<C>(

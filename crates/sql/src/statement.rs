@@ -121,6 +121,20 @@ pub enum Statement {
         name: String,
     },
     Transaction(TransactionControl),
+    /// `DECLARE name [BINARY] [NO SCROLL] CURSOR [WITH[OUT] HOLD] FOR query`.
+    Declare {
+        name: String,
+        hold: bool,
+        query: Query,
+    },
+    /// `FETCH [NEXT | n | ALL | FORWARD [n | ALL]] [FROM | IN] name`; `count` is `None` for
+    /// all remaining rows.
+    Fetch {
+        name: String,
+        count: Option<u64>,
+    },
+    /// `CLOSE name` (`None`: `CLOSE ALL`).
+    Close(Option<String>),
     Query(Query),
 }
 
@@ -167,7 +181,7 @@ pub struct Lexed {
 }
 
 /// Words kept per statement for routing (`CREATE OR REPLACE WORKLOAD`, `SHOW CREATE WORKLOAD x`).
-const HEAD_WORDS: usize = 5;
+const HEAD_WORDS: usize = 12;
 
 /// Splits `text` at top-level `;` (see the module docs for the quoting rules). Statements with
 /// nothing but whitespace and comments are left out. An unterminated quote or comment runs to
@@ -562,8 +576,34 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
                 });
             }
         }
+        "DECLARE" => return declare(text, lexed),
+        "FETCH" => {
+            return fetch(
+                &lexed
+                    .head
+                    .iter()
+                    .map(|r| &text[r.clone()])
+                    .collect::<Vec<_>>(),
+            )
+        }
+        "CLOSE" => {
+            return match word(1) {
+                Some(w) if w.eq_ignore_ascii_case("ALL") => Ok(Statement::Close(None)),
+                Some(w) => Ok(Statement::Close(Some(cursor_name(w)))),
+                None => Err(Error::new(
+                    ErrorCode::SyntaxError,
+                    "CLOSE needs a cursor name (or ALL)",
+                )),
+            }
+        }
         _ => {}
     }
+    query(text, lexed)
+}
+
+/// A statement for the engine: the `SETTINGS` tail off, its kind, its literals.
+fn query(text: &str, lexed: &Lexed) -> Result<Statement> {
+    let source = text[lexed.span.clone()].trim_end();
     if lexed.nesting > MAX_NESTING {
         return Err(Error::new(
             ErrorCode::TooDeepAst,
@@ -594,6 +634,127 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
         literals,
         nesting: lexed.nesting,
     }))
+}
+
+/// `DECLARE name … CURSOR … FOR query`: the query is lexed as a statement of its own.
+fn declare(text: &str, lexed: &Lexed) -> Result<Statement> {
+    let words: Vec<&str> = lexed.head.iter().map(|r| &text[r.clone()]).collect();
+    let syntax = || {
+        Error::new(
+            ErrorCode::SyntaxError,
+            "expected DECLARE name [BINARY] [NO SCROLL] CURSOR [WITH HOLD | WITHOUT HOLD] FOR query",
+        )
+    };
+    let name = words.get(1).map(|w| cursor_name(w)).ok_or_else(syntax)?;
+    let at = words
+        .iter()
+        .position(|w| w.eq_ignore_ascii_case("FOR"))
+        .ok_or_else(syntax)?;
+    let options: Vec<String> = words[2..at]
+        .iter()
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    if !options.iter().any(|w| w == "CURSOR") {
+        return Err(syntax());
+    }
+    if options.iter().any(|w| w == "SCROLL") && !options.iter().any(|w| w == "NO") {
+        return Err(Error::new(
+            ErrorCode::NotImplemented,
+            "cursors are NO SCROLL: rows stream forward once",
+        ));
+    }
+    let hold = options.windows(2).any(|w| w[0] == "WITH" && w[1] == "HOLD");
+    let start = lexed.head[at].end;
+    let inner = split(&text[start..lexed.span.end]);
+    let [first] = inner.as_slice() else {
+        return Err(syntax());
+    };
+    let shifted = Lexed {
+        span: first.span.start + start..first.span.end + start,
+        head: first
+            .head
+            .iter()
+            .map(|r| r.start + start..r.end + start)
+            .collect(),
+        literals: first
+            .literals
+            .iter()
+            .map(|r| r.start + start..r.end + start)
+            .collect(),
+        nesting: first.nesting,
+    };
+    match query(text, &shifted)? {
+        Statement::Query(query) => Ok(Statement::Declare { name, hold, query }),
+        _ => Err(syntax()),
+    }
+}
+
+/// `FETCH …`: how many rows, from which cursor.
+fn fetch(words: &[&str]) -> Result<Statement> {
+    let syntax = || {
+        Error::new(
+            ErrorCode::SyntaxError,
+            "expected FETCH [NEXT | count | ALL | FORWARD [count | ALL]] [FROM | IN] cursor",
+        )
+    };
+    let mut rest = &words[1..];
+    let mut count = Some(1);
+    let upper = |w: &str| w.to_ascii_uppercase();
+    if let Some(first) = rest.first() {
+        match upper(first).as_str() {
+            "NEXT" => rest = &rest[1..],
+            "ALL" => {
+                count = None;
+                rest = &rest[1..];
+            }
+            "FORWARD" => {
+                rest = &rest[1..];
+                match rest.first().map(|w| upper(w)) {
+                    Some(w) if w == "ALL" => {
+                        count = None;
+                        rest = &rest[1..];
+                    }
+                    Some(w) if w.parse::<u64>().is_ok() => {
+                        count = w.parse().ok();
+                        rest = &rest[1..];
+                    }
+                    _ => {}
+                }
+            }
+            "PRIOR" | "FIRST" | "LAST" | "ABSOLUTE" | "RELATIVE" | "BACKWARD" => {
+                return Err(Error::new(
+                    ErrorCode::NotImplemented,
+                    "cursors are NO SCROLL: only FETCH NEXT, FETCH n, FETCH ALL and FETCH FORWARD",
+                ))
+            }
+            w if w.parse::<u64>().is_ok() => {
+                count = w.parse().ok();
+                rest = &rest[1..];
+            }
+            _ => {}
+        }
+    }
+    if rest
+        .first()
+        .is_some_and(|w| w.eq_ignore_ascii_case("FROM") || w.eq_ignore_ascii_case("IN"))
+    {
+        rest = &rest[1..];
+    }
+    match rest {
+        [name] => Ok(Statement::Fetch {
+            name: cursor_name(name),
+            count,
+        }),
+        _ => Err(syntax()),
+    }
+}
+
+/// A cursor's name as Postgres folds it: quoted names keep their case.
+fn cursor_name(word: &str) -> String {
+    match word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+        Some(quoted) => quoted.replace("\"\"", "\""),
+        None => word.to_ascii_lowercase(),
+    }
 }
 
 /// The name of a session setting sluice keeps itself, from the word after `SET`/`SHOW`/`RESET`:
@@ -734,6 +895,42 @@ mod tests {
             one("COMMIT;"),
             Statement::Transaction(TransactionControl::Commit)
         );
+    }
+
+    #[test]
+    fn cursors() {
+        let one = |sql: &str| statements(sql).remove(0);
+        match one(r#"DECLARE "Big" NO SCROLL CURSOR WITH HOLD FOR SELECT * FROM t WHERE a = $1"#) {
+            Ok(Statement::Declare { name, hold, query }) => {
+                assert_eq!(name, "Big");
+                assert!(hold);
+                assert_eq!(query.text, "SELECT * FROM t WHERE a = $1");
+                assert_eq!(query.kind, StatementKind::Select);
+                assert_eq!(&query.text[query.literals[0].clone()], "$1");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            one("declare c cursor for select 1"),
+            Ok(Statement::Declare { hold: false, .. })
+        ));
+        assert!(one("DECLARE c SCROLL CURSOR FOR SELECT 1").is_err());
+        let fetch = |sql: &str| match one(sql) {
+            Ok(Statement::Fetch { name, count }) => (name, count),
+            other => panic!("{sql}: {other:?}"),
+        };
+        assert_eq!(fetch("FETCH c"), ("c".into(), Some(1)));
+        assert_eq!(fetch("FETCH NEXT FROM c"), ("c".into(), Some(1)));
+        assert_eq!(fetch("FETCH 10 IN c"), ("c".into(), Some(10)));
+        assert_eq!(fetch("FETCH ALL FROM c"), ("c".into(), None));
+        assert_eq!(
+            fetch(r#"FETCH FORWARD 100 FROM "C""#),
+            ("C".into(), Some(100))
+        );
+        assert_eq!(fetch("FETCH FORWARD ALL FROM c"), ("c".into(), None));
+        assert!(one("FETCH BACKWARD 1 FROM c").is_err());
+        assert_eq!(one("CLOSE c"), Ok(Statement::Close(Some("c".into()))));
+        assert_eq!(one("CLOSE ALL"), Ok(Statement::Close(None)));
     }
 
     #[test]
