@@ -62,6 +62,15 @@ def psycopg_part():
             cur.execute("SELECT 1 / 0")
         except psycopg.Error as e:
             show("psycopg error", e.sqlstate)
+    # COPY … TO STDOUT, text and CSV.
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        cur = conn.cursor()
+        for sql in (
+            "COPY (SELECT k, t, d, n FROM drv ORDER BY k) TO STDOUT",
+            "COPY (SELECT k, t, f FROM drv ORDER BY k) TO STDOUT WITH (FORMAT csv, HEADER)",
+        ):
+            with cur.copy(sql) as copy:
+                show("psycopg copy out", b"".join(bytes(block) for block in copy))
     # A named (server-side) cursor: DECLARE, FETCH FORWARD n, CLOSE, inside a transaction.
     with psycopg.connect(DSN) as conn:
         with conn.cursor(name="drv_cursor") as cur:

@@ -279,3 +279,87 @@ pub fn rows(batches: &[RecordBatch], fields: Arc<Vec<FieldInfo>>) -> PgWireResul
     }
     Ok(out)
 }
+
+/// The fields of an encoded row (`None`: NULL).
+fn row_fields(row: &DataRow) -> Vec<Option<&[u8]>> {
+    let mut fields = Vec::with_capacity(row.field_count.max(0) as usize);
+    let mut at = 0;
+    let data = &row.data[..];
+    for _ in 0..row.field_count {
+        let Some(len) = data.get(at..at + 4) else {
+            break;
+        };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        if len < 0 {
+            fields.push(None);
+        } else {
+            let end = (at + len as usize).min(data.len());
+            fields.push(Some(&data[at..end]));
+            at = end;
+        }
+    }
+    fields
+}
+
+/// One line of `COPY … TO STDOUT` output from text-format values, with its newline.
+pub fn copy_line<'a>(
+    values: impl Iterator<Item = Option<&'a [u8]>>,
+    format: &sluice_sql::CopyFormat,
+) -> Vec<u8> {
+    let mut line = Vec::new();
+    for (i, value) in values.enumerate() {
+        if i > 0 {
+            line.extend_from_slice(format.delimiter.as_bytes());
+        }
+        match value {
+            None => line.extend_from_slice(format.null.as_bytes()),
+            Some(v) if format.csv => {
+                let quote = v.is_empty()
+                    || v.iter().any(|&b| {
+                        b == b'"'
+                            || b == b'\n'
+                            || b == b'\r'
+                            || format.delimiter.as_bytes().contains(&b)
+                    });
+                if quote {
+                    line.push(b'"');
+                    for &b in v {
+                        if b == b'"' {
+                            line.push(b'"');
+                        }
+                        line.push(b);
+                    }
+                    line.push(b'"');
+                } else {
+                    line.extend_from_slice(v);
+                }
+            }
+            Some(v) => {
+                for &b in v {
+                    match b {
+                        b'\\' => line.extend_from_slice(b"\\\\"),
+                        b'\n' => line.extend_from_slice(b"\\n"),
+                        b'\r' => line.extend_from_slice(b"\\r"),
+                        b'\t' => line.extend_from_slice(b"\\t"),
+                        _ => line.push(b),
+                    }
+                }
+            }
+        }
+    }
+    line.push(b'\n');
+    line
+}
+
+/// Every row of `batch` as lines of `COPY … TO STDOUT` output (`fields` in text format).
+pub fn copy_lines(
+    batch: &RecordBatch,
+    fields: Arc<Vec<FieldInfo>>,
+    format: &sluice_sql::CopyFormat,
+) -> PgWireResult<Vec<Vec<u8>>> {
+    Ok(rows(std::slice::from_ref(batch), fields)?
+        .iter()
+        .map(|row| copy_line(row_fields(row).into_iter(), format))
+        .collect())
+}

@@ -24,11 +24,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt, Stream, StreamExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::copy::send_copy_out_response;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{
     send_describe_response, send_execution_response, send_query_response, ExtendedQueryHandler,
     SimpleQueryHandler,
 };
+use pgwire::api::results::CopyResponse;
 use pgwire::api::results::{
     DescribePortalResponse, DescribeStatementResponse, FieldFormat, FieldInfo, QueryResponse,
     Response, Tag,
@@ -37,6 +39,7 @@ use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADATA_USER};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::copy::CopyData;
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
@@ -45,8 +48,8 @@ use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
 use sluice_engine::datafusion::common::ScalarValue;
 use sluice_engine::{collected, BatchStream, ExecuteOptions, QueryOutput, Session};
 use sluice_sql::{
-    ClientStatement, EntityKind, Error, ErrorCode, Literal, Query, Result, StatementKind,
-    TransactionControl,
+    ClientStatement, CopyFormat, EntityKind, Error, ErrorCode, Literal, Query, Result,
+    StatementKind, TransactionControl,
 };
 
 use crate::auth::StartupOptions;
@@ -211,6 +214,13 @@ enum Outcome {
         batches: BatchStream,
         hold: Held,
     },
+    /// Rows for `COPY … TO STDOUT`.
+    CopyOut {
+        schema: Arc<Schema>,
+        batches: BatchStream,
+        hold: Held,
+        format: CopyFormat,
+    },
     /// Rows fetched from a cursor (`FETCH n`).
     Fetched {
         schema: Arc<Schema>,
@@ -330,7 +340,9 @@ impl Connection {
     ) -> Result<Outcome> {
         let takes_params = matches!(
             statement,
-            ClientStatement::Query(_) | ClientStatement::Declare { .. }
+            ClientStatement::Query(_)
+                | ClientStatement::Declare { .. }
+                | ClientStatement::CopyOut { .. }
         );
         if !params.is_empty() && !takes_params {
             return Err(Error::new(
@@ -476,6 +488,24 @@ impl Connection {
                         cursors.remove(&name);
                         Err(e)
                     }
+                }
+            }
+            ClientStatement::CopyOut { query, format } => {
+                match self.run_query(user, query, params, notices).await? {
+                    Outcome::Rows {
+                        schema,
+                        batches,
+                        hold,
+                    } => Ok(Outcome::CopyOut {
+                        schema,
+                        batches,
+                        hold,
+                        format,
+                    }),
+                    _ => Err(Error::new(
+                        ErrorCode::BadArguments,
+                        "COPY TO STDOUT needs a query that returns rows",
+                    )),
                 }
             }
             ClientStatement::Close(name) => {
@@ -671,6 +701,7 @@ impl Connection {
             | ClientStatement::Set { .. }
             | ClientStatement::Transaction(_)
             | ClientStatement::Declare { .. }
+            | ClientStatement::CopyOut { .. }
             | ClientStatement::Close(_) => None,
             ClientStatement::Fetch { name, .. } => Some(
                 self.cursors
@@ -732,6 +763,41 @@ impl Connection {
     fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
         match outcome {
             Outcome::Command(tag) => Ok(Response::Execution(tag)),
+            Outcome::CopyOut {
+                schema,
+                batches,
+                hold,
+                format,
+            } => {
+                let fields = Arc::new(encode::fields(&schema, |_| FieldFormat::Text));
+                let header = format.header.then(|| {
+                    let names: Vec<String> =
+                        schema.fields().iter().map(|f| f.name().clone()).collect();
+                    Ok(CopyData::new(
+                        encode::copy_line(names.iter().map(|n| Some(n.as_bytes())), &format).into(),
+                    ))
+                });
+                let columns = fields.len();
+                let lines = batches
+                    .map(move |batch| {
+                        let _held = &hold;
+                        let lines = batch
+                            .map_err(|e| to_pg(&e))
+                            .and_then(|b| encode::copy_lines(&b, fields.clone(), &format));
+                        match lines {
+                            Ok(lines) => stream::iter(
+                                lines
+                                    .into_iter()
+                                    .map(|l| Ok(CopyData::new(l.into())))
+                                    .collect::<Vec<_>>(),
+                            ),
+                            Err(e) => stream::iter(vec![Err(e)]),
+                        }
+                    })
+                    .flatten();
+                let data = stream::iter(header).chain(lines);
+                Ok(Response::CopyOut(CopyResponse::new(0, columns, data)))
+            }
             Outcome::Fetched { schema, batches } => {
                 let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
                 let rows = encode::rows(&batches, fields.clone())?;
@@ -830,7 +896,9 @@ impl Connection {
             other => other,
         };
         match outcome {
-            Outcome::Command(_) | Outcome::Fetched { .. } => Ok(LocalOutput::Ok),
+            Outcome::Command(_) | Outcome::Fetched { .. } | Outcome::CopyOut { .. } => {
+                Ok(LocalOutput::Ok)
+            }
             Outcome::Rows {
                 schema,
                 mut batches,
@@ -944,6 +1012,7 @@ impl SimpleQueryHandler for Connection {
             match self.respond(outcome, &Format::UnifiedText)? {
                 Response::Query(rows) => send_query_response(client, rows, true).await?,
                 Response::Execution(tag) => send_execution_response(client, tag).await?,
+                Response::CopyOut(copy) => send_copy_out_response(client, copy).await?,
                 _ => {}
             }
         }

@@ -32,6 +32,6 @@ pub use parser::{
     ScriptStatement,
 };
 pub use statement::{
-    statement, statements, Query, Statement as ClientStatement, StatementKind, TransactionControl,
-    MAX_NESTING,
+    statement, statements, CopyFormat, Query, Statement as ClientStatement, StatementKind,
+    TransactionControl, MAX_NESTING,
 };

@@ -85,6 +85,26 @@ impl TransactionControl {
     }
 }
 
+/// How `COPY … TO STDOUT` writes rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyFormat {
+    pub csv: bool,
+    pub header: bool,
+    pub delimiter: String,
+    pub null: String,
+}
+
+impl CopyFormat {
+    fn text() -> CopyFormat {
+        CopyFormat {
+            csv: false,
+            header: false,
+            delimiter: "\t".into(),
+            null: "\\N".into(),
+        }
+    }
+}
+
 /// Anything sluice does not answer itself: for the engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Query {
@@ -135,6 +155,12 @@ pub enum Statement {
     },
     /// `CLOSE name` (`None`: `CLOSE ALL`).
     Close(Option<String>),
+    /// `COPY (query) TO STDOUT [WITH (…)]` or `COPY table [(columns)] TO STDOUT …`: the
+    /// query's rows in COPY's text or CSV format.
+    CopyOut {
+        query: Query,
+        format: CopyFormat,
+    },
     Query(Query),
 }
 
@@ -577,6 +603,11 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
             }
         }
         "DECLARE" => return declare(text, lexed),
+        "COPY" => {
+            if let Some(copy) = copy_out(text, lexed) {
+                return copy;
+            }
+        }
         "FETCH" => {
             return fetch(
                 &lexed
@@ -664,29 +695,121 @@ fn declare(text: &str, lexed: &Lexed) -> Result<Statement> {
         ));
     }
     let hold = options.windows(2).any(|w| w[0] == "WITH" && w[1] == "HOLD");
-    let start = lexed.head[at].end;
-    let inner = split(&text[start..lexed.span.end]);
+    let query = sub_query(text, lexed.head[at].end..lexed.span.end).ok_or_else(syntax)??;
+    Ok(Statement::Declare { name, hold, query })
+}
+
+/// The statement in `range` of `text`, lexed on its own, as a query (`None`: not exactly one
+/// statement there).
+fn sub_query(text: &str, range: Range<usize>) -> Option<Result<Query>> {
+    let start = range.start;
+    let inner = split(&text[range]);
     let [first] = inner.as_slice() else {
-        return Err(syntax());
+        return None;
     };
+    let shift = |r: &Range<usize>| r.start + start..r.end + start;
     let shifted = Lexed {
-        span: first.span.start + start..first.span.end + start,
-        head: first
-            .head
-            .iter()
-            .map(|r| r.start + start..r.end + start)
-            .collect(),
-        literals: first
-            .literals
-            .iter()
-            .map(|r| r.start + start..r.end + start)
-            .collect(),
+        span: shift(&first.span),
+        head: first.head.iter().map(shift).collect(),
+        literals: first.literals.iter().map(shift).collect(),
         nesting: first.nesting,
     };
-    match query(text, &shifted)? {
-        Statement::Query(query) => Ok(Statement::Declare { name, hold, query }),
-        _ => Err(syntax()),
+    Some(match query(text, &shifted) {
+        Ok(Statement::Query(q)) => Ok(q),
+        Ok(_) => return None,
+        Err(e) => Err(e),
+    })
+}
+
+/// `COPY … TO STDOUT [options]`; `None` for any other `COPY` (the engine's: files).
+fn copy_out(text: &str, lexed: &Lexed) -> Option<Result<Statement>> {
+    let source = &text[lexed.span.clone()];
+    let upper = source.to_ascii_uppercase();
+    let to = upper.rfind(" TO ")?;
+    let after = upper[to + 4..].trim_start();
+    if !after.starts_with("STDOUT") {
+        return None;
     }
+    let options = source[source.len() - after.len() + "STDOUT".len()..].trim();
+    let format = match copy_options(options) {
+        Ok(f) => f,
+        Err(e) => return Some(Err(e)),
+    };
+    let body_start = lexed.head.first()?.end - lexed.span.start;
+    let body = source[body_start..to].trim();
+    let offset = lexed.span.start + source[..to].find(body).unwrap_or(body_start);
+    let query = if let Some(inner) = body.strip_prefix('(').and_then(|b| b.strip_suffix(')')) {
+        let start = offset + 1;
+        sub_query(text, start..start + inner.len())?
+    } else {
+        // `COPY table [(a, b)]`: its rows, as `SELECT` reads them.
+        let (table, columns) = match body.split_once('(') {
+            Some((t, cols)) => (t.trim(), cols.trim_end_matches(')').trim()),
+            None => (body, "*"),
+        };
+        Ok(Query {
+            text: format!("SELECT {columns} FROM {table}"),
+            settings: Vec::new(),
+            kind: StatementKind::Select,
+            literals: Vec::new(),
+            nesting: lexed.nesting,
+        })
+    };
+    Some(query.map(|query| Statement::CopyOut { query, format }))
+}
+
+/// `WITH (FORMAT csv, HEADER, DELIMITER ',', NULL '')`, or the older `WITH CSV HEADER`.
+fn copy_options(options: &str) -> Result<CopyFormat> {
+    let mut format = CopyFormat::text();
+    let options = options.trim_end_matches(';').trim();
+    let options = options
+        .strip_prefix("WITH")
+        .or_else(|| options.strip_prefix("with"))
+        .unwrap_or(options)
+        .trim();
+    let unquote = |v: &str| v.trim().trim_matches('\'').replace("''", "'");
+    // `(FORMAT csv, HEADER, …)`: options split at commas; the older form is words.
+    let parts: Vec<&str> = match options.strip_prefix('(').and_then(|o| o.strip_suffix(')')) {
+        Some(list) => list.split(',').collect(),
+        None => options.split_whitespace().collect(),
+    };
+    for part in parts {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let (key, value) = match part.split_once(char::is_whitespace) {
+            Some((k, v)) => (k.to_ascii_uppercase(), Some(v.trim())),
+            None => (part.to_ascii_uppercase(), None),
+        };
+        match (key.as_str(), value) {
+            ("FORMAT", Some(v)) if v.eq_ignore_ascii_case("csv") => {
+                format.csv = true;
+                format.delimiter = ",".into();
+                format.null = String::new();
+            }
+            ("FORMAT", Some(v)) if v.eq_ignore_ascii_case("text") => {}
+            ("CSV", None) => {
+                format.csv = true;
+                format.delimiter = ",".into();
+                format.null = String::new();
+            }
+            ("HEADER", None) => format.header = true,
+            ("HEADER", Some(v)) => {
+                format.header = matches!(v.to_ascii_lowercase().as_str(), "true" | "on" | "1")
+            }
+            ("DELIMITER", Some(v)) => format.delimiter = unquote(v),
+            ("NULL", Some(v)) => format.null = unquote(v),
+            _ => {
+                return Err(Error::new(
+                    ErrorCode::NotImplemented,
+                    format!("COPY TO STDOUT option '{part}' is not supported; sluice writes FORMAT text or csv, HEADER, DELIMITER and NULL"),
+                )
+                .with_sqlstate("0A000"))
+            }
+        }
+    }
+    Ok(format)
 }
 
 /// `FETCH …`: how many rows, from which cursor.
@@ -895,6 +1018,55 @@ mod tests {
             one("COMMIT;"),
             Statement::Transaction(TransactionControl::Commit)
         );
+    }
+
+    #[test]
+    fn copy_to_stdout() {
+        let one = |sql: &str| statements(sql).remove(0);
+        match one("COPY (SELECT a, b FROM t WHERE a > 1) TO STDOUT WITH (FORMAT csv, HEADER)") {
+            Ok(Statement::CopyOut { query, format }) => {
+                assert_eq!(query.text, "SELECT a, b FROM t WHERE a > 1");
+                assert!(format.csv && format.header);
+                assert_eq!(format.delimiter, ",");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            one("COPY t TO STDOUT WITH (FORMAT csv)"),
+            Ok(Statement::CopyOut {
+                format: CopyFormat {
+                    csv: true,
+                    header: false,
+                    ..
+                },
+                ..
+            })
+        ));
+        assert!(matches!(
+            one("COPY t TO STDOUT CSV HEADER"),
+            Ok(Statement::CopyOut {
+                format: CopyFormat {
+                    csv: true,
+                    header: true,
+                    ..
+                },
+                ..
+            })
+        ));
+        match one("copy t (a, b) to stdout") {
+            Ok(Statement::CopyOut { query, format }) => {
+                assert_eq!(query.text, "SELECT a, b FROM t");
+                assert!(!format.csv);
+                assert_eq!(format.null, "\\N");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            one("COPY t TO STDOUT WITH (FORMAT binary)"),
+            Err(e) if e.sqlstate() == "0A000"
+        ));
+        // To a file: the engine's.
+        assert!(one("COPY (SELECT 1) TO 'x.csv'").is_ok_and(|s| s.is_query()));
     }
 
     #[test]
