@@ -5,6 +5,10 @@
 #
 #   bench/pgbench.sh [SECONDS_PER_RUN]      (default 10)
 #
+# SLUICE_BIN=path uses that binary instead of building one. SLUICE_BASELINE_BIN=path also runs
+# a second sluice (an older build, say) in the same run and reports the new one's TPS as a
+# ratio of it: before and after on the same machine, minutes apart.
+#
 # Needs pgbench and PostgreSQL's server binaries (initdb, pg_ctl, postgres) on PATH or in
 # /usr/local/bin or /usr/lib/postgresql/*/bin. Everything runs on loopback, in a temp dir.
 set -euo pipefail
@@ -24,14 +28,18 @@ pg_port=54329
 sluice_port=6549
 cleanup() {
   [ -n "${sluice_pid:-}" ] && kill "$sluice_pid" 2>/dev/null && wait "$sluice_pid" 2>/dev/null || true
+  [ -n "${baseline_pid:-}" ] && kill "$baseline_pid" 2>/dev/null && wait "$baseline_pid" 2>/dev/null || true
   as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-echo "== building sluice (release)" >&2
-cargo build --release --quiet --bin sluice
-target="${CARGO_TARGET_DIR:-target}"
+if [ -z "${SLUICE_BIN:-}" ]; then
+  echo "== building sluice (release)" >&2
+  cargo build --release --quiet --bin sluice
+  SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
+fi
+baseline_port=6550
 
 echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
 if [ "$(id -u)" = 0 ]; then
@@ -42,18 +50,27 @@ as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
 as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
   -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB\" start >/dev/null"
 
-echo "== starting sluice" >&2
-"$target/release/sluice" serve --listen "127.0.0.1:$sluice_port" --data-dir "$work/sluice" \
-  2>"$work/sluice.log" &
-sluice_pid=$!
-for _ in $(seq 100); do
-  grep -q "listening on" "$work/sluice.log" 2>/dev/null && break
-  sleep 0.1
-done
-# The admission path as it is in production: SELECT 1 goes through a QUERY resource.
-psql -X -q -h 127.0.0.1 -p "$sluice_port" -U bench -d bench \
-  -c "CREATE RESOURCE slots (QUERY)" \
-  -c "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000" >/dev/null
+# start_sluice BIN PORT DIR -> pid; the admission path as it is in production: SELECT 1 goes
+# through a QUERY resource.
+start_sluice() {
+  local bin=$1 port=$2 dir=$3
+  "$bin" serve --listen "127.0.0.1:$port" --data-dir "$dir" >/dev/null 2>"$dir.log" &
+  local pid=$!
+  for _ in $(seq 100); do
+    grep -q "listening on" "$dir.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  psql -X -q -h 127.0.0.1 -p "$port" -U bench -d bench \
+    -c "CREATE RESOURCE slots (QUERY)" \
+    -c "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000" >/dev/null
+  echo "$pid"
+}
+echo "== starting sluice ($SLUICE_BIN)" >&2
+sluice_pid=$(start_sluice "$SLUICE_BIN" "$sluice_port" "$work/sluice")
+if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
+  echo "== starting the baseline sluice ($SLUICE_BASELINE_BIN)" >&2
+  baseline_pid=$(start_sluice "$SLUICE_BASELINE_BIN" "$baseline_port" "$work/baseline")
+fi
 echo 'SELECT 1;' > "$work/select1.sql"
 
 # run PORT MODE CLIENTS -> "tps p50_ms p99_ms"
@@ -64,7 +81,7 @@ run() {
   threads=$clients
   rm -f "$work"/log.*
   local out
-  out=$(cd "$work" && PGOPTIONS="$( [ "$port" = "$sluice_port" ] && echo '-c workload=all' )" \
+  out=$(cd "$work" && PGOPTIONS="$( [ "$port" != "$pg_port" ] && echo '-c workload=all' )" \
     pgbench -n -M "$mode" -c "$clients" -j "$threads" -T "$seconds" -f select1.sql \
       -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log postgres 2>&1 || true)
   local tps
@@ -86,14 +103,27 @@ run() {
 echo
 echo "pgbench SELECT 1, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
-echo "| protocol | clients | PostgreSQL TPS | sluice TPS | TPS ratio | PG p50 ms | sluice p50 ms | PG p99 ms | sluice p99 ms |"
-echo "|---|---|---|---|---|---|---|---|---|"
+if [ -z "${SLUICE_BASELINE_BIN:-}" ]; then
+  echo "| protocol | clients | PostgreSQL TPS | sluice TPS | TPS ratio | PG p50 ms | sluice p50 ms | PG p99 ms | sluice p99 ms |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+else
+  echo "| protocol | clients | PostgreSQL TPS | baseline TPS | sluice TPS | sluice/baseline | sluice/PG | baseline/PG | sluice p50 ms | sluice p99 ms |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+fi
 for mode in simple extended; do
   for clients in 1 16 64; do
     read -r pg_tps pg_p50 pg_p99 < <(run "$pg_port" "$mode" "$clients")
     read -r sl_tps sl_p50 sl_p99 < <(run "$sluice_port" "$mode" "$clients")
     ratio=$(awk -v a="$sl_tps" -v b="$pg_tps" 'BEGIN {printf "%.0f%%", 100 * a / b}')
-    printf "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n" \
-      "$mode" "$clients" "$pg_tps" "$sl_tps" "$ratio" "$pg_p50" "$sl_p50" "$pg_p99" "$sl_p99"
+    if [ -z "${SLUICE_BASELINE_BIN:-}" ]; then
+      printf "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n" \
+        "$mode" "$clients" "$pg_tps" "$sl_tps" "$ratio" "$pg_p50" "$sl_p50" "$pg_p99" "$sl_p99"
+    else
+      read -r bl_tps _ _ < <(run "$baseline_port" "$mode" "$clients")
+      vs=$(awk -v a="$sl_tps" -v b="$bl_tps" 'BEGIN {printf "%.0f%%", 100 * a / b}')
+      bl=$(awk -v a="$bl_tps" -v b="$pg_tps" 'BEGIN {printf "%.0f%%", 100 * a / b}')
+      printf "| %s | %s | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s |\n" \
+        "$mode" "$clients" "$pg_tps" "$bl_tps" "$sl_tps" "$vs" "$ratio" "$bl" "$sl_p50" "$sl_p99"
+    fi
   done
 done

@@ -21,6 +21,50 @@ pub(crate) struct CachedPlan {
     /// The physical plan too, when every node of it can run again after a reset (see
     /// [`reusable`]). Never executed itself: each run gets a reset copy.
     pub(crate) physical: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+    /// The kept physical plan reads at most [`TINY_ROWS`] rows, all in memory (see [`tiny`]).
+    pub(crate) tiny: bool,
+}
+
+/// Rows a plan may read and still count as tiny.
+pub(crate) const TINY_ROWS: usize = 1024;
+
+/// Whether a (reusable) physical plan reads at most [`TINY_ROWS`] rows, all already in memory:
+/// its leaves are constant rows (`SELECT 1`) or small memory tables; no file, no generated
+/// series. Such a plan's run is bounded by its input, which is what lets the engine run it
+/// without a hop to its own threads.
+pub(crate) fn tiny(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> bool {
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan as pp;
+    fn rows(plan: &Arc<dyn pp::ExecutionPlan>) -> Option<usize> {
+        let node: &dyn pp::ExecutionPlan = plan.as_ref();
+        if node
+            .downcast_ref::<pp::placeholder_row::PlaceholderRowExec>()
+            .is_some()
+        {
+            return Some(1);
+        }
+        if node.downcast_ref::<pp::empty::EmptyExec>().is_some() {
+            return Some(0);
+        }
+        if let Some(source) = node.downcast_ref::<DataSourceExec>() {
+            let memory = source.data_source().downcast_ref::<MemorySourceConfig>()?;
+            return Some(
+                memory
+                    .partitions()
+                    .iter()
+                    .flatten()
+                    .map(|b| b.num_rows())
+                    .sum(),
+            );
+        }
+        let children = plan.children();
+        if children.is_empty() {
+            return None;
+        }
+        children.into_iter().map(rows).sum()
+    }
+    rows(plan).is_some_and(|n| n <= TINY_ROWS)
 }
 
 /// Plans kept per session; past this many the cache starts afresh.
@@ -61,6 +105,7 @@ impl Planning {
             plan,
             names,
             physical: None,
+            tiny: false,
         };
         self.cache.insert(sql.to_string(), cached);
     }

@@ -11,7 +11,9 @@
 //! (`pg_sleep`), [`error`] (the one mapping of DataFusion's errors to sluice's).
 //!
 //! Invariants:
-//! - Statements are planned and run on the engine's own threads, never on the caller's runtime;
+//! - Statements are planned and run on the engine's own threads, never on the caller's runtime
+//!   — except a cached statement whose kept plan reads at most a thousand rows already in
+//!   memory (`SELECT 1`), which runs where it is asked for: its work is bounded by that input;
 //!   a statement's rows arrive as a stream with at most a few batches buffered, and dropping the
 //!   stream (or the `execute` future) stops the statement's work and holds nothing.
 //! - A panic inside a statement is that statement's error (`LOGICAL_ERROR`, XX000); the engine

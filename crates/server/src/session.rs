@@ -271,27 +271,66 @@ impl Cursor {
 type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
 
 /// A statement's rows, ended by its [`Stop`]: the error is the last item.
+///
+/// The stop is looked at whenever the rows are not ready, and every [`STOP_EVERY`] batches
+/// while they are: a statement that answers at once (`SELECT 1`) never arms its timers.
 struct Stoppable {
     batches: BatchStream,
     stop: Option<Stop>,
+    since_stop: usize,
+}
+
+/// Batches a ready stream may yield before its stop is looked at again.
+const STOP_EVERY: usize = 16;
+
+impl Stoppable {
+    fn new(batches: BatchStream, stop: Stop) -> Stoppable {
+        Stoppable {
+            batches,
+            stop: Some(stop),
+            since_stop: 0,
+        }
+    }
+
+    fn poll_stop(&mut self, cx: &mut Context<'_>) -> Option<Error> {
+        self.since_stop = 0;
+        let stop = self.stop.as_mut()?;
+        match stop.as_mut().poll(cx) {
+            Poll::Ready(e) => {
+                self.stop = None;
+                Some(e)
+            }
+            Poll::Pending => None,
+        }
+    }
 }
 
 impl Stream for Stoppable {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let Some(stop) = self.stop.as_mut() else {
+        if self.stop.is_none() {
             return Poll::Ready(None);
-        };
-        if let Poll::Ready(e) = stop.as_mut().poll(cx) {
-            self.stop = None;
-            return Poll::Ready(Some(Err(e)));
         }
-        let next = self.batches.as_mut().poll_next(cx);
-        if matches!(next, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.stop = None;
+        if self.since_stop >= STOP_EVERY {
+            if let Some(e) = self.poll_stop(cx) {
+                return Poll::Ready(Some(Err(e)));
+            }
         }
-        next
+        match self.batches.as_mut().poll_next(cx) {
+            Poll::Pending => match self.poll_stop(cx) {
+                Some(e) => Poll::Ready(Some(Err(e))),
+                None => Poll::Pending,
+            },
+            Poll::Ready(Some(Ok(batch))) => {
+                self.since_stop += 1;
+                Poll::Ready(Some(Ok(batch)))
+            }
+            done => {
+                self.stop = None;
+                done
+            }
+        }
     }
 }
 
@@ -645,10 +684,14 @@ impl Connection {
                     )
                     .await;
             }
-            let permit = tokio::select! {
-                permit = acquire => permit?,
-                _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
-                _ = self.watch.gone() => return Err(client_gone()),
+            let permit = if acquire.is_granted() {
+                acquire.await?
+            } else {
+                tokio::select! {
+                    permit = acquire => permit?,
+                    _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+                    _ = self.watch.gone() => return Err(client_gone()),
+                }
             };
             drop(counted_waiting);
             attachments.push(Attachment {
@@ -671,17 +714,16 @@ impl Connection {
             target_partitions: settings.max_threads,
         };
         let mut stop = self.stop(settings.max_execution_time);
+        // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
+            biased;
             output = self.session.execute(&query.text, options, params) => output?,
             e = &mut stop => return Err(e),
         };
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
                 schema,
-                batches: Box::pin(Stoppable {
-                    batches,
-                    stop: Some(stop),
-                }),
+                batches: Box::pin(Stoppable::new(batches, stop)),
                 hold,
             },
             QueryOutput::Command { tag, rows } => {
