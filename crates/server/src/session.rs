@@ -820,23 +820,12 @@ impl Connection {
                     ))
                 });
                 let columns = fields.len();
-                let lines = batches
-                    .map(move |batch| {
-                        let _held = &hold;
-                        let lines = batch
-                            .map_err(|e| to_pg(&e))
-                            .and_then(|b| encode::copy_lines(&b, fields.clone(), &format));
-                        match lines {
-                            Ok(lines) => stream::iter(
-                                lines
-                                    .into_iter()
-                                    .map(|l| Ok(CopyData::new(l.into())))
-                                    .collect::<Vec<_>>(),
-                            ),
-                            Err(e) => stream::iter(vec![Err(e)]),
-                        }
-                    })
-                    .flatten();
+                let lines = per_batch(batches, hold, move |b| {
+                    Ok(encode::copy_lines(&b, fields.clone(), &format)?
+                        .into_iter()
+                        .map(|l| CopyData::new(l.into()))
+                        .collect())
+                });
                 let data = stream::iter(header).chain(lines);
                 Ok(Response::CopyOut(CopyResponse::new(0, columns, data)))
             }
@@ -855,24 +844,30 @@ impl Connection {
             } => {
                 let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
                 let encoding = fields.clone();
-                // Each batch is encoded as it arrives; the permits and the process entry live
-                // until the last row is sent (or the stream is dropped).
-                let rows = batches
-                    .map(move |batch| {
-                        let _held = &hold;
-                        let rows = batch
-                            .map_err(|e| to_pg(&e))
-                            .and_then(|b| encode::rows(&[b], encoding.clone()));
-                        match rows {
-                            Ok(rows) => stream::iter(rows.into_iter().map(Ok).collect::<Vec<_>>()),
-                            Err(e) => stream::iter(vec![Err(e)]),
-                        }
-                    })
-                    .flatten();
+                let rows = per_batch(batches, hold, move |b| encode::rows(&[b], encoding.clone()));
                 Ok(Response::Query(QueryResponse::new(fields, rows)))
             }
         }
     }
+}
+
+/// A statement's rows as wire messages, each batch encoded as it arrives. What the statement
+/// holds (`hold`: its process entry and permits) lives until the last message is sent, or
+/// the stream is dropped.
+fn per_batch<T: Send + 'static>(
+    batches: BatchStream,
+    hold: Held,
+    encode: impl Fn(RecordBatch) -> PgWireResult<Vec<T>> + Send + 'static,
+) -> impl Stream<Item = PgWireResult<T>> + Send + 'static {
+    batches
+        .map(move |batch| {
+            let _held = &hold;
+            match batch.map_err(|e| to_pg(&e)).and_then(&encode) {
+                Ok(items) => stream::iter(items.into_iter().map(Ok).collect::<Vec<_>>()),
+                Err(e) => stream::iter(vec![Err(e)]),
+            }
+        })
+        .flatten()
 }
 
 /// A cursor that is not open (`invalid_cursor_name`).
