@@ -482,10 +482,13 @@ impl SessionInner {
     /// Execute); `None` when it is not cached.
     fn cached_columns(&self, sql: &str) -> Option<Option<SchemaRef>> {
         let planning = self.planning.try_lock().ok()?;
-        let generation = self.generation.load(Ordering::SeqCst);
-        let c = planning.cached(sql, generation)?;
-        let schema = postgres_names(c.plan.schema().as_arrow(), c.names.clone());
-        Some((!schema.fields().is_empty()).then_some(schema))
+        self.cached_columns_in(&planning, sql)
+    }
+
+    /// A cached statement's columns, from the planning state already locked.
+    fn cached_columns_in(&self, planning: &Planning, sql: &str) -> Option<Option<SchemaRef>> {
+        let c = planning.cached(sql, self.generation.load(Ordering::SeqCst))?;
+        Some(row_columns(c.plan.schema().as_arrow(), c.names.clone()))
     }
 
     /// Plans one statement and starts it: a query's stream of batches, or a command applied
@@ -624,19 +627,24 @@ impl SessionInner {
     /// for a statement that returns no rows.
     async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>> {
         let planning = self.planning.lock().await;
-        let generation = self.generation.load(Ordering::SeqCst);
-        if let Some(c) = planning.cached(sql, generation) {
-            // A cached plan's columns are the statement's (drivers Describe before each run).
-            let schema = postgres_names(c.plan.schema().as_arrow(), c.names.clone());
-            return Ok((!schema.fields().is_empty()).then_some(schema));
+        if let Some(columns) = self.cached_columns_in(&planning, sql) {
+            return Ok(columns);
         }
         let (plan, names) = plan(&planning.state, sql).await?;
         if !matches!(answer(&plan, sql), Answer::Rows) {
             return Ok(None);
         }
-        let schema = postgres_names(plan.schema().as_arrow(), names);
-        Ok((!schema.fields().is_empty()).then_some(schema))
+        Ok(row_columns(plan.schema().as_arrow(), names))
     }
+}
+
+/// The Postgres-named columns of a result; `None` when it has none.
+fn row_columns(
+    schema: &datafusion::arrow::datatypes::Schema,
+    names: Option<Vec<Option<String>>>,
+) -> Option<SchemaRef> {
+    let schema = postgres_names(schema, names);
+    (!schema.fields().is_empty()).then_some(schema)
 }
 
 /// Batches already complete, as a stream.

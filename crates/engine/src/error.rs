@@ -32,12 +32,6 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
             ArrowError::ArithmeticOverflow(_) => (ErrorCode::BadArguments, Some("22003")),
             _ => (ErrorCode::InternalError, None),
         },
-        DataFusionError::Execution(m) if m.contains("Divide by zero") => {
-            (ErrorCode::IllegalDivision, None)
-        }
-        DataFusionError::Execution(m) if m.contains("Cannot cast") || m.contains("cast") => {
-            (ErrorCode::CannotConvertType, None)
-        }
         // A statement's own runtime failure (a bad argument to a function, say): the user's.
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
