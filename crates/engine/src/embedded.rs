@@ -114,6 +114,12 @@ impl Embedded {
         }
     }
 
+    /// This engine with `sluice_barrier(name)` registered, waiting on `barriers` (tests).
+    pub fn with_barriers(self, barriers: crate::functions::Barriers) -> Embedded {
+        crate::functions::register_barriers(&self.base, barriers);
+        self
+    }
+
     /// A new session of this engine (see [`Engine::session`]), with its concrete type.
     pub fn embedded_session(&self) -> EmbeddedSession {
         let state = SessionStateBuilder::new_from_existing(self.base.state()).build();

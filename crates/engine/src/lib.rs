@@ -49,6 +49,7 @@ use sluice_sql::Result;
 
 pub use datafusion;
 pub use embedded::{collected, Embedded, EmbeddedSession};
+pub use functions::Barriers;
 
 /// A statement's rows, batch by batch, as the engine produces them.
 pub type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;

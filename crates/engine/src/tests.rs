@@ -340,3 +340,41 @@ async fn parameters_take_the_type_of_their_column() {
     // A later scan over the table reads one schema (it failed to concatenate Int16 and Int32).
     assert!(text(&s, "SELECT k FROM p ORDER BY k").await.contains('7'));
 }
+
+#[tokio::test]
+async fn a_barrier_holds_its_query_until_opened_and_counts_out_a_dropped_one() {
+    let barriers = crate::Barriers::default();
+    let engine = engine().with_barriers(barriers.clone());
+    let s = engine.embedded_session();
+    let held = tokio::spawn(async move { run(&s, "SELECT sluice_barrier('g') AS b").await });
+    tokio::time::timeout(Duration::from_secs(10), barriers.reached("g", 1))
+        .await
+        .expect("the query reaches the gate");
+    assert!(!held.is_finished());
+    barriers.open("g");
+    let batches = held.await.expect("task").expect("runs").expect("rows");
+    assert_eq!(batches[0].num_rows(), 1);
+
+    // A query dropped at a closed gate is counted out of it.
+    barriers.close("g");
+    let s = engine.embedded_session();
+    let dropped = tokio::spawn(async move { run(&s, "SELECT sluice_barrier('g')").await });
+    tokio::time::timeout(Duration::from_secs(10), barriers.reached("g", 1))
+        .await
+        .expect("waits again");
+    dropped.abort();
+    let _ = dropped.await;
+    for _ in 0..500 {
+        if barriers.waiting("g") == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the dropped query still counts at the gate");
+}
+
+#[tokio::test]
+async fn an_engine_without_barriers_has_no_barrier_function() {
+    let s = engine().embedded_session();
+    assert!(run(&s, "SELECT sluice_barrier('g')").await.is_err());
+}

@@ -35,6 +35,9 @@ pub struct ServerOptions {
     pub disks: BTreeMap<String, std::path::PathBuf>,
     /// `cpu_slot_*` server settings, for the CPU resource.
     pub cpu_slots: CpuSlotOptions,
+    /// Tests only (no config reaches it): gates `sluice_barrier(name)` waits on, so a test
+    /// holds a query running exactly as long as it needs.
+    pub barriers: Option<sluice_engine::Barriers>,
 }
 
 /// ClickHouse's `cpu_slot_preemption`, `cpu_slot_quantum_ns`, `cpu_slot_preemption_timeout_ms`.
@@ -79,6 +82,7 @@ impl ServerOptions {
             shutdown_grace: std::time::Duration::from_secs(30),
             disks: BTreeMap::new(),
             cpu_slots: CpuSlotOptions::default(),
+            barriers: None,
         }
     }
 }
@@ -160,12 +164,15 @@ impl Shared {
             ),
             None => (None, None),
         };
-        let engine = Embedded::new().map_err(|e| {
+        let mut engine = Embedded::new().map_err(|e| {
             Error::new(
                 ErrorCode::InternalError,
                 format!("cannot start the engine's threads: {e}"),
             )
         })?;
+        if let Some(barriers) = &options.barriers {
+            engine = engine.with_barriers(barriers.clone());
+        }
         Ok(Arc::new(Shared {
             engine: Arc::new(engine),
             users,

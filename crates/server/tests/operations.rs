@@ -161,7 +161,11 @@ async fn client_with_notices(port: u16) -> (Client, tokio::sync::mpsc::Unbounded
 #[tokio::test]
 async fn a_waiting_query_is_told_where_it_waits() {
     let (_dir, server, admin) = one_slot(Duration::from_secs(30)).await;
-    let running = spawn_query(&server, "SELECT pg_sleep(1) SETTINGS workload = 'w'").await;
+    let running = spawn_query(
+        &server,
+        "SELECT sluice_barrier('run') SETTINGS workload = 'w'",
+    )
+    .await;
     until_running(&admin, 1).await;
     let (waiter, mut notices) = client_with_notices(server.port).await;
     let waiter = Arc::new(waiter);
@@ -181,6 +185,7 @@ async fn a_waiting_query_is_told_where_it_waits() {
     )
     .await;
     assert_eq!(waiting, ["1"], "the notice arrived while its query waited");
+    server.barriers.open("run");
     let rows = waits.await.expect("task").expect("runs after waiting");
     assert_eq!(rows.len(), 3, "row description, one row, command complete");
     assert!(
@@ -223,11 +228,16 @@ async fn one_slot(grace: Duration) -> (tempfile::TempDir, TestServer, Client) {
 async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
     // A generous grace: the running query finishes, the waiting one fails with 57P01.
     let (_dir, server, admin) = one_slot(Duration::from_secs(20)).await;
-    let running = spawn_query(&server, "SELECT pg_sleep(0.5) SETTINGS workload = 'w'").await;
+    let running = spawn_query(
+        &server,
+        "SELECT sluice_barrier('run') SETTINGS workload = 'w'",
+    )
+    .await;
     until_running(&admin, 1).await;
     let waiting = spawn_query(&server, "SELECT 2 SETTINGS workload = 'w'").await;
     until_waiting(&admin, 1).await;
     let idle = server.client().await;
+    let barriers = server.barriers.clone();
     let stopped = server.begin_stop();
     let e = waiting.await.expect("task").expect_err("waiter fails");
     assert_eq!(sqlstate(&e), "57P01", "{e}");
@@ -235,6 +245,7 @@ async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
     // No statement starts while draining.
     let e = idle.simple_query("SELECT 3").await.expect_err("draining");
     assert_eq!(sqlstate(&e), "57P01");
+    barriers.open("run");
     let rows = running
         .await
         .expect("task")
@@ -289,7 +300,11 @@ async fn metrics_count_admissions_rejections_and_waits() {
             .await
             .expect("runs");
     }
-    let running = spawn_query(&server, "SELECT pg_sleep(0.3) SETTINGS workload = 'w'").await;
+    let running = spawn_query(
+        &server,
+        "SELECT sluice_barrier('run') SETTINGS workload = 'w'",
+    )
+    .await;
     until_running(&admin, 1).await;
     let waiting = spawn_query(&server, "SELECT 2 SETTINGS workload = 'w'").await;
     until_waiting(&admin, 1).await;
@@ -300,6 +315,7 @@ async fn metrics_count_admissions_rejections_and_waits() {
         .await
         .expect_err("queue full");
     assert_eq!(sqlstate(&e), "53000");
+    server.barriers.open("run");
     running.await.expect("task").expect("slow");
     waiting.await.expect("task").expect("waiter");
     let after = scrape(metrics_port, "GET /metrics HTTP/1.1\r\n\r\n").await;

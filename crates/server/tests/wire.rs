@@ -173,7 +173,7 @@ async fn admission_waits_cancels_rejects_and_releases() {
     let running = server.client().await;
     let slow = tokio::spawn(async move {
         running
-            .simple_query("SELECT pg_sleep(1) SETTINGS workload = 'w'")
+            .simple_query("SELECT sluice_barrier('slow') SETTINGS workload = 'w'")
             .await
             .map(|_| ())
     });
@@ -210,6 +210,7 @@ async fn admission_waits_cancels_rejects_and_releases() {
     cancel.cancel_query(NoTls).await.expect("cancel request");
     let e = waiting.await.expect("task").expect_err("cancelled");
     assert_eq!(sqlstate(&e), "57014");
+    server.barriers.open("slow");
     slow.await.expect("task").expect("the slow query finishes");
     assert_nothing_held(&admin).await;
     assert_eq!(
@@ -233,11 +234,19 @@ async fn admission_waits_cancels_rejects_and_releases() {
     let holder = server.client().await;
     let hold = tokio::spawn(async move {
         holder
-            .simple_query("SELECT pg_sleep(0.5) SETTINGS workload = 'w'")
+            .simple_query("SELECT sluice_barrier('hold') SETTINGS workload = 'w'")
             .await
             .map(|_| ())
     });
-    let leaver = server.client().await;
+    // Its connection is driven by a task this test owns: aborting both closes the socket (a
+    // dropped tokio-postgres `Client` alone leaves its connection task holding it open).
+    let (leaver, connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={} user=tester", server.port),
+        NoTls,
+    )
+    .await
+    .expect("connects");
+    let connection = tokio::spawn(connection);
     let leave = tokio::spawn(async move {
         leaver
             .simple_query("SELECT 4 SETTINGS workload = 'w'")
@@ -245,21 +254,18 @@ async fn admission_waits_cancels_rejects_and_releases() {
             .map(|_| ())
     });
     until_waiting(&admin, 1).await;
-    leave.abort(); // drops the client: the connection closes mid-wait
-    let _ = leave.await;
+    leave.abort();
+    connection.abort(); // the socket closes mid-wait
+    let _ = (leave.await, connection.await);
+    // Its place goes while the holder still runs, not when the holder finishes.
+    until_waiting(&admin, 0).await;
+    assert_eq!(
+        column(&admin, "SELECT sum(queue_length) FROM system.scheduler").await,
+        ["0"]
+    );
+    assert_eq!(server.barriers.waiting("hold"), 1, "the holder still runs");
+    server.barriers.open("hold");
     hold.await.expect("task").expect("holder finishes");
-    for _ in 0..500 {
-        if column(
-            &admin,
-            "SELECT count(*) FROM system.processes WHERE query <> ''",
-        )
-        .await
-            == ["1"]
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     assert_nothing_held(&admin).await;
     server.stop().await;
 }
@@ -278,7 +284,7 @@ async fn waiting_queries_are_served_by_priority() {
     let blocker = server.client().await;
     let block = tokio::spawn(async move {
         blocker
-            .simple_query("SELECT pg_sleep(0.5) SETTINGS workload = 'slow'")
+            .simple_query("SELECT sluice_barrier('block') SETTINGS workload = 'slow'")
             .await
             .map(|_| ())
     });
@@ -292,6 +298,7 @@ async fn waiting_queries_are_served_by_priority() {
         }));
         until_waiting(&admin, i + 1).await;
     }
+    server.barriers.open("block");
     block.await.expect("task").expect("blocker");
     for t in tasks {
         t.await.expect("task").expect("insert");
@@ -404,7 +411,13 @@ async fn a_live_limit_change_takes_over_waiting_and_running_queries() {
     .await;
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        tasks.push(spawn_query(&server, "SELECT pg_sleep(0.6) SETTINGS workload = 'w'").await);
+        tasks.push(
+            spawn_query(
+                &server,
+                "SELECT sluice_barrier('run') SETTINGS workload = 'w'",
+            )
+            .await,
+        );
     }
     until_waiting(&admin, 2).await;
     let running =
@@ -426,6 +439,7 @@ async fn a_live_limit_change_takes_over_waiting_and_running_queries() {
         .await,
         ["2"]
     );
+    server.barriers.open("run");
     for t in tasks {
         t.await.expect("task").expect("query");
     }

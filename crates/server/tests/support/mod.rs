@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_engine::Barriers;
 use sluice_sched::Machine;
 use sluice_server::{serve, ServerOptions, Shared};
 use tokio::net::TcpListener;
@@ -14,6 +15,8 @@ use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 pub struct TestServer {
     pub port: u16,
     pub shared: Arc<Shared>,
+    /// The gates `sluice_barrier(name)` waits on in this server's queries.
+    pub barriers: Barriers,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -33,7 +36,11 @@ impl TestServer {
         .await
     }
 
-    pub async fn start_with(options: ServerOptions) -> TestServer {
+    pub async fn start_with(mut options: ServerOptions) -> TestServer {
+        let barriers = options
+            .barriers
+            .get_or_insert_with(Barriers::default)
+            .clone();
         let shared = Shared::open(options).expect("server state opens");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
@@ -49,6 +56,7 @@ impl TestServer {
         TestServer {
             port,
             shared,
+            barriers,
             stop: Some(stop),
             task,
         }
