@@ -116,7 +116,9 @@ pub enum Change {
 /// - parent links have no cycles, so every workload reaches the root;
 /// - every `FOR` names an existing resource; every workload's settings resolve for every resource;
 /// - at most one resource covers each of `MASTER THREAD`, `WORKER THREAD`, `QUERY`,
-///   `MEMORY RESERVATION`.
+///   `MEMORY RESERVATION`;
+/// - lane settings hold [`lanes::check`](crate::lanes)'s rules: every `demote_to` names an
+///   existing leaf, deadlines come with targets, demotions never loop.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     version: u64,
@@ -127,6 +129,9 @@ pub struct Catalog {
     children: imbl::OrdMap<String, imbl::OrdSet<String>>,
     /// The name of the workload without a parent (derived from `entities`, kept for speed).
     root: Option<String>,
+    /// The workloads that write lane settings (derived, kept so that a catalog without any
+    /// skips the lane rules: loading n plain workloads stays linear).
+    with_lanes: imbl::OrdSet<String>,
 }
 
 impl Catalog {
@@ -244,7 +249,24 @@ impl Catalog {
         self.apply_from(statement, Origin::Config)
     }
 
+    /// The lane settings in force for `workload`'s queries (its own, else its ancestors').
+    pub fn lanes(&self, workload: &str) -> crate::lanes::Lanes {
+        crate::lanes::resolve(self, workload)
+    }
+
     fn apply_from(&mut self, statement: &Statement, origin: Origin) -> Result<Option<Change>> {
+        // The lane rules span workloads (a target must stay a leaf, demotions must not loop):
+        // checked on the changed candidate, which replaces `self` only once it passes.
+        let mut next = self.clone();
+        let change = next.apply_entity(statement, origin)?;
+        if change.is_some() && !next.with_lanes.is_empty() {
+            crate::lanes::check(&next)?;
+        }
+        *self = next;
+        Ok(change)
+    }
+
+    fn apply_entity(&mut self, statement: &Statement, origin: Origin) -> Result<Option<Change>> {
         if statement.on_cluster().is_some() {
             // sluice has no replicated DDL queue; ClickHouse without one says the same.
             return Err(Error::new(
@@ -341,6 +363,14 @@ impl Catalog {
             }
             let old_parent = self.workload(&name).and_then(|o| o.parent.clone());
             self.relink(&name, old_parent.as_deref(), w.parent.as_deref());
+            if w.settings
+                .iter()
+                .any(|c| crate::lanes::is_lane_setting(&c.name))
+            {
+                self.with_lanes.insert(name.clone());
+            } else {
+                self.with_lanes.remove(&name);
+            }
         }
         self.version += 1;
         self.entities.insert(
@@ -366,6 +396,7 @@ impl Catalog {
         }
         // Settings without FOR first; FOR-bound ones once their resource is known.
         WorkloadSettings::resolve(&w.settings, None)?;
+        crate::lanes::OwnLanes::read(&w.settings)?;
         let entity = Entity::Workload(w.clone());
         for (i, target) in entity.references().into_iter().enumerate() {
             let is_parent = i == 0 && w.parent.is_some();
@@ -488,11 +519,16 @@ impl Catalog {
                 d.name
             )));
         }
-        let referrers: Vec<&str> = self
+        let mut referrers: Vec<&str> = self
             .entities()
             .filter(|s| s.entity.references().contains(&d.name.as_str()))
             .map(|s| s.entity.name())
             .collect();
+        for demoting in crate::lanes::demoting_to(self, &d.name) {
+            if !referrers.contains(&demoting) {
+                referrers.push(demoting);
+            }
+        }
         if !referrers.is_empty() {
             let list: String = referrers.iter().map(|r| format!(" {r}")).collect();
             return Err(Error::bad_arguments(format!(
@@ -505,6 +541,7 @@ impl Catalog {
         self.relink(&d.name, parent.as_deref(), None);
         self.version += 1;
         self.entities.remove(&d.name);
+        self.with_lanes.remove(&d.name);
         if self.root.as_deref() == Some(d.name.as_str()) {
             self.root = None;
         }

@@ -1,7 +1,8 @@
 //! # sluice-catalog: workloads and resources
 //!
 //! Owns the entities, every validation rule ClickHouse 26.9 enforces on them ([`catalog`]),
-//! setting typing, units and per-resource resolution ([`settings`]), and their storage in the
+//! setting typing, units and per-resource resolution ([`settings`]), sluice's own lane settings
+//! (`demote_after`, `demote_to`, `relearn_after`, `max_execution_time`: [`lanes`]), and their storage in the
 //! data dir plus the read-only configuration layer ([`storage`]).
 //!
 //! Invariants:
@@ -14,9 +15,11 @@
 //! It schedules nothing.
 
 pub mod catalog;
+pub mod lanes;
 pub mod settings;
 pub mod storage;
 
 pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored, MAX_WORKLOAD_DEPTH};
+pub use lanes::{Demotion, Lanes};
 pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
 pub use storage::{config_layer, escape_file_name, DiskStorage};

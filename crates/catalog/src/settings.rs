@@ -326,7 +326,10 @@ impl WorkloadSettings {
     pub fn resolve(changes: &[SettingChange], resource: Option<&str>) -> Result<Self> {
         let mut regular: Vec<(Setting, Value)> = Vec::new();
         let mut specific: Vec<(Setting, Value)> = Vec::new();
-        for change in changes {
+        for change in changes
+            .iter()
+            .filter(|c| !crate::lanes::is_lane_setting(&c.name))
+        {
             let bag = match (&change.resource, resource) {
                 (None, _) => &mut regular,
                 (Some(r), Some(target)) if r == target => &mut specific,

@@ -5,7 +5,8 @@
 //! `SETTINGS` tail off any query ([`parser::split_settings`]), and their
 //! canonical text, which is exactly ClickHouse 26.9's normalized `create_query`; and the
 //! statement model of everything clients send ([`statement`]: one lexing pass splits a text
-//! into statements and says what each is, so the server routes on an enum).
+//! into statements and says what each is, so the server routes on an enum), and statement
+//! fingerprints, a statement with its values normalized away ([`fingerprint`]).
 //! It also owns the error codes every layer reports ([`error`]).
 //!
 //! Invariants:
@@ -18,6 +19,7 @@
 
 pub mod ast;
 pub mod error;
+pub mod fingerprint;
 pub mod parser;
 pub mod statement;
 
@@ -27,6 +29,7 @@ pub use ast::{
     Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
+pub use fingerprint::{fingerprint, Fingerprint};
 pub use parser::{
     collapse_whitespace, mentions, parse_script, parse_statement, split_settings, QueryMarkup,
     ScriptStatement,

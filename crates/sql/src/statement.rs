@@ -213,6 +213,36 @@ const HEAD_WORDS: usize = 12;
 /// nothing but whitespace and comments are left out. An unterminated quote or comment runs to
 /// the end of the text (the engine reports it).
 pub fn split(text: &str) -> Vec<Lexed> {
+    lex(text, &mut ())
+}
+
+/// What a token is, for whoever wants every token of a text ([`lex`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// A string, number, dollar-quoted text or `$n` placeholder.
+    Literal,
+    /// A word: keyword or unquoted identifier.
+    Word,
+    /// `"…"` or `` `…` ``.
+    QuotedIdent,
+    /// `(`, `[`, `)`, `]`, `,`, `.`, `;` or a run of operator characters.
+    Symbol,
+}
+
+/// Receives each token [`lex`] passes, in order (comments and whitespace are not tokens).
+pub trait Tokens {
+    fn token(&mut self, kind: TokenKind, span: Range<usize>);
+}
+
+/// No tokens wanted: [`split`].
+impl Tokens for () {
+    #[inline]
+    fn token(&mut self, _kind: TokenKind, _span: Range<usize>) {}
+}
+
+/// [`split`], handing every token to `tokens` as it passes (the fingerprints read them; the
+/// text is still lexed once).
+pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
     let mut current = Builder::default();
@@ -223,6 +253,7 @@ pub fn split(text: &str) -> Vec<Lexed> {
         let next = bytes.get(i + 1).copied();
         match b {
             b';' => {
+                tokens.token(TokenKind::Symbol, i..i + 1);
                 current.finish(i, &mut out);
                 i += 1;
             }
@@ -252,11 +283,13 @@ pub fn split(text: &str) -> Vec<Lexed> {
                     i > 0 && matches!(bytes[i - 1], b'E' | b'e') && (i < 2 || !ident(bytes[i - 2]));
                 let start = if escapes { i - 1 } else { i };
                 let end = quoted(bytes, i, b'\'', escapes);
+                tokens.token(TokenKind::Literal, start..end);
                 current.literal(start, end);
                 i = end;
             }
             b'"' | b'`' => {
                 let end = quoted(bytes, i, b, false);
+                tokens.token(TokenKind::QuotedIdent, i..end);
                 current.token(i, end);
                 i = end;
             }
@@ -266,6 +299,7 @@ pub fn split(text: &str) -> Vec<Lexed> {
                 while end < bytes.len() && bytes[end].is_ascii_digit() {
                     end += 1;
                 }
+                tokens.token(TokenKind::Literal, i..end);
                 current.literal(i, end);
                 i = end;
             }
@@ -273,10 +307,12 @@ pub fn split(text: &str) -> Vec<Lexed> {
                 Some(tag_end) => {
                     let tag = &bytes[i..tag_end];
                     let end = find(bytes, tag_end, tag).map_or(bytes.len(), |at| at + tag.len());
+                    tokens.token(TokenKind::Literal, i..end);
                     current.literal(i, end);
                     i = end;
                 }
                 None => {
+                    tokens.token(TokenKind::Symbol, i..i + 1);
                     current.token(i, i + 1);
                     i += 1;
                 }
@@ -292,6 +328,7 @@ pub fn split(text: &str) -> Vec<Lexed> {
                 {
                     end += 1;
                 }
+                tokens.token(TokenKind::Literal, i..end);
                 current.literal(i, end);
                 i = end;
             }
@@ -300,23 +337,28 @@ pub fn split(text: &str) -> Vec<Lexed> {
                 while end < bytes.len() && ident(bytes[end]) {
                     end += 1;
                 }
+                tokens.token(TokenKind::Word, i..end);
                 current.word(text, i, end);
                 i = end;
             }
             b'(' | b'[' => {
+                tokens.token(TokenKind::Symbol, i..i + 1);
                 current.open(i);
                 i += 1;
             }
             b')' | b']' => {
+                tokens.token(TokenKind::Symbol, i..i + 1);
                 current.close(i);
                 i += 1;
             }
             b',' => {
+                tokens.token(TokenKind::Symbol, i..i + 1);
                 current.separator(i);
                 i += 1;
             }
             b'.' => {
                 // Qualified names (`s.t.c`) do not nest.
+                tokens.token(TokenKind::Symbol, i..i + 1);
                 current.token(i, i + 1);
                 i += 1;
             }
@@ -336,6 +378,7 @@ pub fn split(text: &str) -> Vec<Lexed> {
                 while end < bytes.len() && !text.is_char_boundary(end) {
                     end += 1;
                 }
+                tokens.token(TokenKind::Symbol, i..end);
                 current.operator(i, end);
                 i = end;
             }

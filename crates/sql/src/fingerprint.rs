@@ -1,0 +1,271 @@
+//! Statement fingerprints: what stays of a statement when its values go, so that every run of
+//! the same report — whatever dates, ids or list lengths it was given — has one fingerprint.
+//!
+//! From the tokens of one lexing pass ([`lex`]): literals (strings, numbers, dollar-quoted
+//! text) and `$n` placeholders become `?`, a sign before one goes with it, comments and
+//! whitespace go, keywords and unquoted names are lowercased (quoted names stay as written), a
+//! parenthesized list of nothing but values becomes `(...)` whatever its length, and repeated
+//! `(...)` rows (`VALUES (…), (…)`) become one. The fingerprint's id is a 64-bit FNV-1a hash of
+//! that text, written as 16 hex digits: stable across runs, versions and machines, so a data
+//! dir's learned lanes keep their meaning.
+
+use std::ops::Range;
+
+use crate::statement::{lex, TokenKind, Tokens};
+
+/// A statement's fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fingerprint {
+    /// 16 lowercase hex digits.
+    pub id: String,
+    /// The normalized text the id hashes.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Value,
+    /// `(...)`: a list of values.
+    List,
+    Word(String),
+    Symbol(String),
+}
+
+struct Collect(Vec<(TokenKind, Range<usize>)>);
+
+impl Tokens for Collect {
+    fn token(&mut self, kind: TokenKind, span: Range<usize>) {
+        // `E'…'`: the lexer passes `E` as a word, then the literal from `E` on.
+        if self.0.last().is_some_and(|(_, last)| span.start < last.end) {
+            self.0.pop();
+        }
+        self.0.push((kind, span));
+    }
+}
+
+/// Words after which a `-` or `+` starts a value rather than subtracting from one.
+const STARTS_EXPRESSION: &[&str] = &[
+    "select",
+    "where",
+    "and",
+    "or",
+    "not",
+    "in",
+    "by",
+    "when",
+    "then",
+    "else",
+    "values",
+    "set",
+    "having",
+    "on",
+    "between",
+    "like",
+    "is",
+    "return",
+    "returning",
+    "limit",
+    "offset",
+    "as",
+];
+
+/// Words a parenthesis follows with a space between (besides [`STARTS_EXPRESSION`]).
+const KEYWORDS_BEFORE_PARENTHESES: &[&str] = &[
+    "from", "join", "exists", "any", "all", "using", "over", "with",
+];
+
+/// The fingerprint of `text` (a statement without its `SETTINGS` tail).
+pub fn fingerprint(text: &str) -> Fingerprint {
+    let mut collect = Collect(Vec::new());
+    lex(text, &mut collect);
+    let mut tokens: Vec<Token> = Vec::with_capacity(collect.0.len());
+    for (kind, span) in collect.0 {
+        let raw = &text[span];
+        let token = match kind {
+            TokenKind::Literal => Token::Value,
+            TokenKind::Word => Token::Word(raw.to_ascii_lowercase()),
+            TokenKind::QuotedIdent => Token::Word(raw.to_string()),
+            TokenKind::Symbol if raw == ";" => continue,
+            TokenKind::Symbol => Token::Symbol(raw.to_string()),
+        };
+        // A sign before a value is the value's: `x = -5` is `x = ?`.
+        if token == Token::Value {
+            if let Some(Token::Symbol(sign)) = tokens.last() {
+                if sign == "-" || sign == "+" {
+                    let before = tokens.len().checked_sub(2).map(|i| &tokens[i]);
+                    let unary = match before {
+                        None => true,
+                        Some(Token::Symbol(s)) => s != ")" && s != "]",
+                        Some(Token::Word(w)) => STARTS_EXPRESSION.contains(&w.as_str()),
+                        Some(Token::Value | Token::List) => false,
+                    };
+                    if unary {
+                        tokens.pop();
+                    }
+                }
+            }
+        }
+        tokens.push(token);
+        collapse_list(&mut tokens);
+    }
+    let text = render(&tokens);
+    Fingerprint {
+        id: format!("{:016x}", fnv1a(text.as_bytes())),
+        text,
+    }
+}
+
+/// If `tokens` ends with `( ? , ? … )`, it becomes `(...)`; and `(...) , (...)` becomes `(...)`.
+fn collapse_list(tokens: &mut Vec<Token>) {
+    let is = |t: &Token, s: &str| matches!(t, Token::Symbol(x) if x == s);
+    if !tokens.last().is_some_and(|t| is(t, ")")) {
+        return;
+    }
+    let close = tokens.len() - 1;
+    let mut i = close;
+    let mut expect_value = true;
+    while i > 0 {
+        i -= 1;
+        let t = &tokens[i];
+        if expect_value {
+            if !matches!(t, Token::Value | Token::List) {
+                return;
+            }
+        } else if is(t, "(") {
+            break;
+        } else if !is(t, ",") {
+            return;
+        }
+        expect_value = !expect_value;
+    }
+    if !is(&tokens[i], "(") || close - i < 2 {
+        return;
+    }
+    tokens.truncate(i);
+    // A row after rows: `VALUES (…), (…)` reads as `VALUES (…)`.
+    let n = tokens.len();
+    if n >= 2 && is(&tokens[n - 1], ",") && tokens[n - 2] == Token::List {
+        tokens.truncate(n - 1);
+        return;
+    }
+    tokens.push(Token::List);
+}
+
+fn render(tokens: &[Token]) -> String {
+    let mut out = String::new();
+    let mut previous: Option<&Token> = None;
+    for t in tokens {
+        let piece = match t {
+            Token::Value => "?",
+            Token::List => "(...)",
+            Token::Word(w) | Token::Symbol(w) => w.as_str(),
+        };
+        let tight_after =
+            matches!(previous, Some(Token::Symbol(s)) if s == "(" || s == "." || s == "[");
+        // A call's parenthesis hugs its name; a keyword's does not (`in (...)`).
+        let after_name = matches!(previous, Some(Token::Word(w))
+            if !STARTS_EXPRESSION.contains(&w.as_str()) && !KEYWORDS_BEFORE_PARENTHESES.contains(&w.as_str()));
+        let tight_before = match t {
+            Token::Symbol(s) => {
+                matches!(s.as_str(), ")" | "," | "." | "]") || (s == "(" && after_name)
+            }
+            Token::List => after_name,
+            _ => false,
+        };
+        if previous.is_some() && !tight_after && !tight_before {
+            out.push(' ');
+        }
+        out.push_str(piece);
+        previous = Some(t);
+    }
+    out
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_comments_case_and_lists_are_normalized_away() {
+        let table: &[(&str, &str)] = &[
+            ("SELECT 1", "select ?"),
+            (
+                "select  *\n FROM t WHERE k = 42",
+                "select * from t where k = ?",
+            ),
+            (
+                "SELECT * FROM t WHERE k = $1",
+                "select * from t where k = ?",
+            ),
+            (
+                "SELECT * FROM t WHERE k = -5",
+                "select * from t where k = ?",
+            ),
+            ("SELECT a - 5 FROM t", "select a - ? from t"),
+            ("SELECT f(x) - 1 FROM t", "select f(x) - ? from t"),
+            (
+                "SELECT * FROM t WHERE d > '2026-01-01' -- since new year",
+                "select * from t where d > ?",
+            ),
+            (
+                "/* team='billing' */ SELECT count(*) FROM \"Orders\"",
+                "select count(*) from \"Orders\"",
+            ),
+            (
+                "SELECT * FROM t WHERE k IN (1, 2, 3)",
+                "select * from t where k in (...)",
+            ),
+            (
+                "SELECT * FROM t WHERE k IN ($1)",
+                "select * from t where k in (...)",
+            ),
+            (
+                "INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+                "insert into t values (...)",
+            ),
+            (
+                "INSERT INTO t VALUES ($1, $2)",
+                "insert into t values (...)",
+            ),
+            ("SELECT $$body$$, E'x\\'y'", "select ?, ?"),
+            ("SELECT s.t.c FROM s.t", "select s.t.c from s.t"),
+            ("SELECT 1.5e-3, .5, 0x1F", "select ?, ?, ?"),
+            (
+                "SELECT * FROM t WHERE (a, b) IN ((1, 2), (3, 4))",
+                "select * from t where (a, b) in (...)",
+            ),
+            ("SELECT pg_sleep(8);", "select pg_sleep(...)"),
+        ];
+        for (input, want) in table {
+            assert_eq!(fingerprint(input).text, *want, "{input}");
+        }
+    }
+
+    #[test]
+    fn runs_of_one_report_share_an_id_and_different_reports_do_not() {
+        let a =
+            fingerprint("SELECT sum(x) FROM sales WHERE day BETWEEN '2026-01-01' AND '2026-01-31'");
+        let b = fingerprint(
+            "select sum(x)\nfrom sales\nwhere day between '2025-12-01' and '2025-12-31'",
+        );
+        let c =
+            fingerprint("SELECT sum(y) FROM sales WHERE day BETWEEN '2026-01-01' AND '2026-01-31'");
+        assert_eq!(a, b);
+        assert_ne!(a.id, c.id);
+        assert_eq!(a.id.len(), 16);
+        // Fixed for good: the id is stored in data dirs.
+        assert_eq!(
+            fingerprint("SELECT 1").id,
+            format!("{:016x}", fnv1a(b"select ?"))
+        );
+    }
+}
