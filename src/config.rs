@@ -82,6 +82,8 @@ pub struct ServerConfig {
     /// CPU slots: how long a preempted thread waits to get its slot back before it gives up
     /// its place; default 1000.
     pub cpu_slot_preemption_timeout_ms: Option<u64>,
+    /// Rows `system.query_log` keeps (newest); default 10000, 0 keeps none.
+    pub query_log_size: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

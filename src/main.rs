@@ -272,6 +272,10 @@ fn serve(
         tls: config.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone())),
         shutdown_grace: grace,
         disks,
+        query_log_size: config
+            .server
+            .query_log_size
+            .unwrap_or(sluice_server::query_log::DEFAULT_SIZE),
         cpu_slots: sluice_server::CpuSlotOptions {
             preemption: config.server.cpu_slot_preemption.unwrap_or(false),
             quantum_ns: config.server.cpu_slot_quantum_ns.unwrap_or(10_000_000),

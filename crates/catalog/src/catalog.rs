@@ -249,6 +249,22 @@ impl Catalog {
         self.apply_from(statement, Origin::Config)
     }
 
+    /// Applies one statement of a stored catalog being loaded, without the lane rules: stored
+    /// entities come back in whatever order their files are read, and a lane setting may name
+    /// a workload not loaded yet (`demote_to` on the root names a leaf below it). The loader
+    /// calls [`Catalog::check_lanes`] once everything is in.
+    pub fn apply_loading(&mut self, statement: &Statement) -> Result<Option<Change>> {
+        self.apply_entity(statement, Origin::Sql)
+    }
+
+    /// The lane rules over the whole catalog (see [`crate::lanes`]).
+    pub fn check_lanes(&self) -> Result<()> {
+        if self.with_lanes.is_empty() {
+            return Ok(());
+        }
+        crate::lanes::check(self)
+    }
+
     /// The lane settings in force for `workload`'s queries (its own, else its ancestors').
     pub fn lanes(&self, workload: &str) -> crate::lanes::Lanes {
         crate::lanes::resolve(self, workload)

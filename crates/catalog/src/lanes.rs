@@ -201,7 +201,7 @@ pub(crate) fn check(catalog: &Catalog) -> Result<()> {
                 }
                 None => {
                     return Err(Error::bad_arguments(format!(
-                        "Workload '{}' demotes to workload '{target}' that doesn't exist",
+                        "Workload '{}' demotes to workload '{target}' that doesn't exist; create '{target}' first",
                         w.name
                     )))
                 }
@@ -381,6 +381,30 @@ mod tests {
             "{TREE} CREATE OR REPLACE WORKLOAD fast IN all SETTINGS demote_after = 0, demote_to = 'slow'"
         ))
         .contains("greater than zero"));
+    }
+
+    #[test]
+    fn a_stored_catalog_loads_whatever_order_its_lanes_need() {
+        // The root demotes to a leaf below it: the root's file names a workload loaded after it.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = crate::DiskStorage::open(dir.path()).expect("opens");
+        let mut c = Catalog::new();
+        for stmt in sluice_sql::parse_script(&format!(
+            "{TREE} CREATE OR REPLACE WORKLOAD all SETTINGS demote_after = '20s', demote_to = 'slow'"
+        )) {
+            if let Some(change) = c.apply_mut(&stmt.result.expect("parses")).expect("valid") {
+                storage.persist(&change).expect("persists");
+            }
+        }
+        let loaded = storage.load(Catalog::new()).expect("loads");
+        assert_eq!(
+            loaded.lanes("fast").demotion.map(|d| d.to),
+            Some("slow".into())
+        );
+        // A stored catalog that breaks a lane rule does not load.
+        std::fs::remove_file(dir.path().join("workloads/workload_slow.sql")).expect("rm");
+        let e = storage.load(Catalog::new()).expect_err("slow is gone");
+        assert!(e.message.contains("doesn't exist"), "{}", e.message);
     }
 
     #[test]

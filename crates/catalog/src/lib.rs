@@ -22,4 +22,4 @@ pub mod storage;
 pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored, MAX_WORKLOAD_DEPTH};
 pub use lanes::{Demotion, Lanes};
 pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
-pub use storage::{config_layer, escape_file_name, DiskStorage};
+pub use storage::{config_layer, escape_file_name, write_atomically, DiskStorage};

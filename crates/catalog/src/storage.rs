@@ -148,7 +148,7 @@ impl DiskStorage {
         }
         let mut catalog = base;
         let apply = |catalog: &mut Catalog, path: &Path, stmt: &Statement| {
-            catalog.apply_mut(stmt).map(|_| ()).map_err(|e| Error {
+            catalog.apply_loading(stmt).map(|_| ()).map_err(|e| Error {
                 message: format!("cannot load {}: {}", path.display(), e),
                 ..e
             })
@@ -188,6 +188,10 @@ impl DiskStorage {
             }
             pending = rest;
         }
+        catalog.check_lanes().map_err(|e| Error {
+            message: format!("cannot load {}: {}", self.dir.display(), e),
+            ..e
+        })?;
         Ok(catalog)
     }
 
@@ -218,23 +222,33 @@ impl DiskStorage {
     }
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let mut file = File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
-        file.write_all(bytes)
-            .map_err(|e| io_error("write", &tmp, e))?;
-        file.sync_all().map_err(|e| io_error("fsync", &tmp, e))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(|e| io_error("rename into", path, e))?;
-        self.sync_dir()
+        write_atomically(path, bytes)
     }
 
     fn sync_dir(&self) -> Result<()> {
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error("fsync directory", &self.dir, e))
+        sync_dir(&self.dir)
     }
+}
+
+/// Replaces `path` with `bytes` so that a crash at any instant leaves the old file or the new
+/// one, never a mix: written to `<path>.tmp`, fsynced, renamed over `path`, directory fsynced.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut file = File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
+    file.write_all(bytes)
+        .map_err(|e| io_error("write", &tmp, e))?;
+    file.sync_all().map_err(|e| io_error("fsync", &tmp, e))?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(|e| io_error("rename into", path, e))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("fsync directory", dir, e))
 }
 
 /// Builds the read-only configuration layer from `;`-separated statements (the config file's

@@ -32,8 +32,11 @@
 pub mod auth;
 pub mod encode;
 pub mod error;
+pub mod lanes;
 pub mod metrics;
 pub mod params;
+pub mod query_log;
+pub mod record;
 pub mod session;
 pub mod state;
 pub mod system;

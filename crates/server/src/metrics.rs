@@ -1,5 +1,5 @@
-//! Prometheus metrics: per resource and workload, the queries waiting and in flight, admitted
-//! and rejected, and a histogram of admission wait times; served as text on `[metrics] listen`
+//! Prometheus metrics: per resource and workload, the queries waiting and in flight, admitted,
+//! rejected and demoted, and a histogram of admission wait times; served as text on `[metrics] listen`
 //! at `GET /metrics`.
 //!
 //! Counted by the server around each admission (not read from the schedulers), so the series
@@ -29,6 +29,7 @@ pub struct Series {
     in_flight: AtomicI64,
     admitted: AtomicU64,
     rejected: AtomicU64,
+    demoted: AtomicU64,
     /// Count per bucket (not cumulative), and one more for +Inf.
     buckets: [AtomicU64; BUCKETS.len() + 1],
     wait_sum_ns: AtomicU64,
@@ -42,6 +43,11 @@ impl Series {
 
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Relaxed);
+    }
+
+    /// A query of this workload overran `demote_after` and was moved to its `demote_to`.
+    pub fn demoted(&self) {
+        self.demoted.fetch_add(1, Relaxed);
     }
 
     /// A query was admitted after `waited`; the guard counts it in flight until dropped.
@@ -132,7 +138,7 @@ impl Metrics {
                 escape_label(w)
             )
         };
-        let families: [Family; 4] = [
+        let families: [Family; 5] = [
             (
                 "sluice_queries_waiting",
                 "gauge",
@@ -156,6 +162,12 @@ impl Metrics {
                 "counter",
                 "Queries rejected with SERVER_OVERLOADED (max_waiting_queries).",
                 |s| s.rejected.load(Relaxed).to_string(),
+            ),
+            (
+                "sluice_queries_demoted_total",
+                "counter",
+                "Queries of this workload moved to its demote_to after running past demote_after.",
+                |s| s.demoted.load(Relaxed).to_string(),
             ),
         ];
         for (name, kind, help, value) in families {

@@ -56,6 +56,7 @@ use crate::auth::StartupOptions;
 use crate::encode;
 use crate::error::to_pg;
 use crate::params;
+use crate::record::RunRecord;
 use crate::state::{access_denied, shutting_down, Attachment, CancelKey, Grant, Phase, Shared};
 use crate::watch::ClientWatch;
 
@@ -278,18 +279,28 @@ struct Stoppable {
     batches: BatchStream,
     stop: Option<Stop>,
     since_stop: usize,
+    /// Counts the rows and notes how the statement ended.
+    record: Option<RunRecord>,
 }
 
 /// Batches a ready stream may yield before its stop is looked at again.
 const STOP_EVERY: usize = 16;
 
 impl Stoppable {
-    fn new(batches: BatchStream, stop: Stop) -> Stoppable {
+    fn new(batches: BatchStream, stop: Stop, record: Option<RunRecord>) -> Stoppable {
         Stoppable {
             batches,
             stop: Some(stop),
             since_stop: 0,
+            record,
         }
+    }
+
+    fn stopped(&mut self, e: Error) -> Poll<Option<Result<RecordBatch>>> {
+        if let Some(record) = self.record.as_mut() {
+            record.failed(&e);
+        }
+        Poll::Ready(Some(Err(e)))
     }
 
     fn poll_stop(&mut self, cx: &mut Context<'_>) -> Option<Error> {
@@ -314,21 +325,31 @@ impl Stream for Stoppable {
         }
         if self.since_stop >= STOP_EVERY {
             if let Some(e) = self.poll_stop(cx) {
-                return Poll::Ready(Some(Err(e)));
+                return self.stopped(e);
             }
         }
         match self.batches.as_mut().poll_next(cx) {
             Poll::Pending => match self.poll_stop(cx) {
-                Some(e) => Poll::Ready(Some(Err(e))),
+                Some(e) => self.stopped(e),
                 None => Poll::Pending,
             },
             Poll::Ready(Some(Ok(batch))) => {
                 self.since_stop += 1;
+                if let Some(record) = self.record.as_mut() {
+                    record.add_rows(batch.num_rows());
+                }
                 Poll::Ready(Some(Ok(batch)))
             }
-            done => {
+            Poll::Ready(Some(Err(e))) => {
                 self.stop = None;
-                done
+                self.stopped(e)
+            }
+            Poll::Ready(None) => {
+                self.stop = None;
+                if let Some(record) = self.record.as_mut() {
+                    record.finished();
+                }
+                Poll::Ready(None)
             }
         }
     }
@@ -407,6 +428,40 @@ impl Connection {
                     },
                 };
                 Ok(Outcome::Command(Tag::new(tag)))
+            }
+            ClientStatement::Fingerprint { id, workload } => {
+                if !self.shared.users.is_admin(user) {
+                    return Err(Error::new(
+                        ErrorCode::AccessDenied,
+                        format!("{user}: Not enough privileges. To pin or forget fingerprints, the user needs admin = true in [[users]]"),
+                    ));
+                }
+                match workload {
+                    Some(workload) => {
+                        let snapshot = self.shared.snapshot();
+                        if snapshot.catalog.workload(&workload).is_none() {
+                            return Err(Error::bad_arguments(format!(
+                                "Workload '{workload}' doesn't exist; a fingerprint is pinned to a leaf workload (SHOW WORKLOADS lists them)"
+                            )));
+                        }
+                        if snapshot.catalog.children_of(&workload).next().is_some() {
+                            return Err(Error::new(
+                                ErrorCode::InvalidSchedulerNode,
+                                format!("Workload '{workload}' has children; queries run in leaf workloads only"),
+                            ));
+                        }
+                        self.shared.lanes.pin(&id, &workload)?;
+                        Ok(Outcome::Command(Tag::new("PIN FINGERPRINT")))
+                    }
+                    None => {
+                        if !self.shared.lanes.forget(&id)? {
+                            return Err(Error::bad_arguments(format!(
+                                "Fingerprint '{id}' has no lane to forget (system.fingerprints shows each one's lane)"
+                            )));
+                        }
+                        Ok(Outcome::Command(Tag::new("FORGET FINGERPRINT")))
+                    }
+                }
             }
             ClientStatement::Set { name, value, reset } => {
                 if name == "workload" {
@@ -596,7 +651,7 @@ impl Connection {
 
     /// What ends a statement early, once admitted: a cancel request, its client going away,
     /// the server's grace period running out, its `max_execution_time`.
-    fn stop(&self, max_execution_time: Option<Duration>) -> Stop {
+    fn stop(&self, max_execution_time: Option<Duration>, grant: Option<Arc<Mutex<Grant>>>) -> Stop {
         let shared = self.shared.clone();
         let watch = self.watch.clone();
         let mut cancelled = self.cancel.get().map(|(_, signal)| signal.subscribe());
@@ -606,14 +661,7 @@ impl Connection {
                 match deadline {
                     Some((at, limit)) => {
                         tokio::time::sleep_until(at).await;
-                        Error::new(
-                            ErrorCode::TimeoutExceeded,
-                            format!(
-                                "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}",
-                                limit.as_secs_f64(),
-                                limit.as_secs_f64()
-                            ),
-                        )
+                        timeout_exceeded(limit, grant.as_ref())
                     }
                     None => std::future::pending().await,
                 }
@@ -646,25 +694,92 @@ impl Connection {
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
         let settings = query_settings(&query.settings)?;
-        let workload = self.workload_of(user, settings.workload.clone())?;
+        let requested = self.workload_of(user, settings.workload.clone())?;
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));
         }
+        let snapshot = self.shared.snapshot();
+        let fingerprint = sluice_sql::fingerprint(&query.text);
+        let judged_by = snapshot.catalog.lanes(&requested).demotion;
+        let workload = self.lane_of(user, &requested, judged_by.as_ref(), &fingerprint);
         // Declared before the guard so that, however the statement ends (an error, a cancel
-        // dropping this future), the guard goes first and the permits after it.
+        // dropping this future), the guard goes first and the permits after it; the record
+        // is written last, when the statement has let go of everything.
+        let mut record = Some(RunRecord::new(
+            self.shared.clone(),
+            0,
+            user,
+            &workload,
+            fingerprint,
+            &query.text,
+            judged_by,
+        ));
+        let result = self
+            .admit_and_run(
+                user,
+                &workload,
+                query,
+                settings,
+                params,
+                notices,
+                &mut record,
+            )
+            .await;
+        if let (Err(e), Some(record)) = (&result, record.as_mut()) {
+            record.failed(e);
+        }
+        result
+    }
+
+    /// Where a statement asked to run in `requested` is admitted: the lane its fingerprint is
+    /// pinned to, or the lane it was learned to need when `requested` demotes there, else
+    /// `requested`. A user pinned to a workload stays in it.
+    fn lane_of(
+        &self,
+        user: &str,
+        requested: &str,
+        demotion: Option<&sluice_catalog::Demotion>,
+        fingerprint: &sluice_sql::Fingerprint,
+    ) -> String {
+        let user_pinned = self
+            .shared
+            .users
+            .get(user)
+            .is_some_and(|u| u.pinned_workload.is_some());
+        match self.shared.lanes.lane(&fingerprint.id) {
+            Some((lane, true)) if !user_pinned => lane,
+            Some((lane, false)) if demotion.is_some_and(|d| d.to == lane) => lane,
+            _ => requested.to_string(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn admit_and_run(
+        &self,
+        user: &str,
+        workload: &str,
+        query: Query,
+        settings: QuerySettings,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Outcome> {
         let mut attachments = Vec::new();
-        let guard = self.shared.register(user, &workload, &query.text);
+        let guard = self.shared.register(user, workload, &query.text);
+        if let Some(record) = record.as_mut() {
+            record.set_query_id(guard.query_id);
+        }
         let snapshot = self.shared.snapshot();
         for (resource, scheduler) in &snapshot.schedulers {
-            if !scheduler.has_workload(&workload) {
+            if !scheduler.has_workload(workload) {
                 if self.shared.options.throw_on_unknown_workload {
                     return Err(access_denied(resource));
                 }
                 continue;
             }
             let arrived = std::time::Instant::now();
-            let series = self.shared.metrics.series(resource, &workload);
-            let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
+            let series = self.shared.metrics.series(resource, workload);
+            let mut acquire = scheduler.acquire(workload, 1).inspect_err(|e| {
                 if e.code == ErrorCode::ServerOverloaded {
                     series.rejected();
                 }
@@ -702,18 +817,34 @@ impl Connection {
             guard.waiting_for(None);
         }
         let grant = Arc::new(Mutex::new(Grant {
-            workload: workload.clone(),
+            workload: workload.to_string(),
             attachments,
+            demoted: None,
         }));
         guard.running(grant.clone());
+        if let Some(record) = record.as_mut() {
+            record.admitted(grant.clone());
+        }
+        let lanes = snapshot.catalog.lanes(workload);
+        // Its soft deadline: demoted (moved, never stopped) when it outlives it.
+        let demoter = lanes.demotion.is_some().then(|| {
+            let task = crate::lanes::demote_when_due(
+                self.shared.clone(),
+                guard.query_id,
+                tokio::time::Instant::now(),
+            );
+            crate::lanes::AbortOnDrop(tokio::spawn(task))
+        });
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
-        let hold: Held = vec![Box::new(guard), Box::new(grant)];
+        let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
             target_partitions: settings.max_threads,
         };
-        let mut stop = self.stop(settings.max_execution_time);
+        // The hard limit: the query's own, else its workload's.
+        let limit = settings.max_execution_time.or(lanes.max_execution_time);
+        let mut stop = self.stop(limit, Some(grant));
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
@@ -723,10 +854,14 @@ impl Connection {
         Ok(match output {
             QueryOutput::Rows { schema, batches } => Outcome::Rows {
                 schema,
-                batches: Box::pin(Stoppable::new(batches, stop)),
+                batches: Box::pin(Stoppable::new(batches, stop, record.take())),
                 hold,
             },
             QueryOutput::Command { tag, rows } => {
+                if let Some(record) = record.as_mut() {
+                    record.add_rows(rows.unwrap_or(0));
+                    record.finished();
+                }
                 let tag = Tag::new(&tag);
                 Outcome::Command(match rows {
                     Some(n) => tag.with_rows(n),
@@ -740,6 +875,7 @@ impl Connection {
     async fn describe(&self, statement: &ClientStatement) -> Result<Option<Arc<Schema>>> {
         Ok(match statement {
             ClientStatement::Workload(_)
+            | ClientStatement::Fingerprint { .. }
             | ClientStatement::Set { .. }
             | ClientStatement::Transaction(_)
             | ClientStatement::Declare { .. }
@@ -877,6 +1013,29 @@ fn no_cursor(name: &str) -> Error {
         format!("cursor \"{name}\" does not exist"),
     )
     .with_sqlstate("34000")
+}
+
+/// The hard limit's error. Told apart from a demotion in words: the statement failed and is
+/// not retried (a soft deadline, `demote_after`, moves a statement and lets it finish).
+fn timeout_exceeded(limit: Duration, grant: Option<&Arc<Mutex<Grant>>>) -> Error {
+    let demoted = grant.and_then(|g| {
+        let g = g.lock().unwrap_or_else(|p| p.into_inner());
+        g.demoted.as_ref().map(|(from, _)| {
+            format!(
+                "; it had been demoted from '{from}' to '{}' before",
+                g.workload
+            )
+        })
+    });
+    Error::new(
+        ErrorCode::TimeoutExceeded,
+        format!(
+            "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}. max_execution_time is a hard limit: the statement was stopped and is not retried{}",
+            limit.as_secs_f64(),
+            limit.as_secs_f64(),
+            demoted.unwrap_or_default()
+        ),
+    )
 }
 
 /// The error of a statement whose client went away (nobody receives it; it ends the work).

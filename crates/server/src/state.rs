@@ -38,6 +38,8 @@ pub struct ServerOptions {
     /// Tests only (no config reaches it): gates `sluice_barrier(name)` waits on, so a test
     /// holds a query running exactly as long as it needs.
     pub barriers: Option<sluice_engine::Barriers>,
+    /// `server.query_log_size`: rows `system.query_log` keeps.
+    pub query_log_size: usize,
 }
 
 /// ClickHouse's `cpu_slot_preemption`, `cpu_slot_quantum_ns`, `cpu_slot_preemption_timeout_ms`.
@@ -83,6 +85,7 @@ impl ServerOptions {
             disks: BTreeMap::new(),
             cpu_slots: CpuSlotOptions::default(),
             barriers: None,
+            query_log_size: crate::query_log::DEFAULT_SIZE,
         }
     }
 }
@@ -103,6 +106,8 @@ pub struct Snapshot {
 pub struct Grant {
     pub workload: String,
     pub attachments: Vec<Attachment>,
+    /// The workload it was demoted from, and when (the last demotion, when there were several).
+    pub demoted: Option<(String, std::time::SystemTime)>,
 }
 
 /// A query's hold on one resource: its permit, and the metrics gauge counting it in flight.
@@ -136,6 +141,9 @@ pub struct Shared {
     /// The `[tls]` certificate (PEM), for SCRAM channel binding (`tls-server-end-point`).
     pub tls_cert_pem: Option<Arc<Vec<u8>>>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Learned lanes, by statement fingerprint.
+    pub lanes: crate::lanes::LaneBook,
+    pub query_log: crate::query_log::QueryLog,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -173,8 +181,12 @@ impl Shared {
         if let Some(barriers) = &options.barriers {
             engine = engine.with_barriers(barriers.clone());
         }
+        let lanes = crate::lanes::LaneBook::open(&options.data_dir)?;
+        let query_log = crate::query_log::QueryLog::new(options.query_log_size);
         Ok(Arc::new(Shared {
             engine: Arc::new(engine),
+            lanes,
+            query_log,
             users,
             tls,
             tls_cert_pem,
@@ -324,6 +336,41 @@ impl Shared {
         drop(grant);
         self.update(query_id, |p| p.workload = workload.to_string());
         tracing::info!(query_id, workload, "query moved");
+        Ok(())
+    }
+
+    /// The workload query `query_id` counts in now (`None` once it has ended).
+    pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&query_id)
+            .map(|p| p.workload.clone())
+    }
+
+    /// Demotes running query `query_id` to `to` ([`Shared::move_query`]), noting where it came
+    /// from and when for `system.processes` and the query log.
+    pub fn demote(&self, query_id: u64, to: &str) -> Result<()> {
+        let grant = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&query_id)
+            .and_then(|p| p.grant.clone());
+        let Some(grant) = grant else { return Ok(()) }; // it ended meanwhile
+        let from = grant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .workload
+            .clone();
+        self.move_query(query_id, to)?;
+        let mut held = grant.lock().unwrap_or_else(|p| p.into_inner());
+        held.demoted = Some((from.clone(), std::time::SystemTime::now()));
+        for attachment in &held.attachments {
+            self.metrics.series(&attachment.resource, &from).demoted();
+        }
+        drop(held);
+        tracing::info!(query_id, from = %from, to, "query demoted: it overran demote_after");
         Ok(())
     }
 

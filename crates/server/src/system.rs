@@ -1,4 +1,5 @@
-//! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`: built from
+//! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`,
+//! `system.fingerprints` (learned lanes) and `system.query_log`: built from
 //! the current snapshot and registered as tables of the engine, so any SQL works on them.
 //! They are rebuilt when a statement mentions `system.`, so they are always current.
 
@@ -6,9 +7,10 @@ use std::sync::Arc;
 
 use sluice_catalog::resource_disks;
 use sluice_engine::datafusion::arrow::array::{
-    ArrayRef, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder, UInt64Array,
+    ArrayRef, BooleanArray, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder,
+    TimestampMicrosecondArray, UInt64Array,
 };
-use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
+use sluice_engine::datafusion::arrow::datatypes::{Field, Schema};
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
 use sluice_sched::NodeState;
 use sluice_sql::{Error, ErrorCode, Result};
@@ -219,6 +221,14 @@ pub fn refresh(shared: &Shared) -> Result<()> {
     )?;
 
     let processes = shared.processes();
+    let demotions: Vec<Option<(String, std::time::SystemTime)>> = processes
+        .iter()
+        .map(|p| {
+            p.grant
+                .as_ref()
+                .and_then(|g| g.lock().unwrap_or_else(|p| p.into_inner()).demoted.clone())
+        })
+        .collect();
     set(
         "processes",
         batch(vec![
@@ -260,8 +270,146 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 "query",
                 strings(processes.iter().map(|p| Some(p.query.clone()))),
             ),
+            (
+                "demoted_from",
+                strings(
+                    demotions
+                        .iter()
+                        .map(|d| d.as_ref().map(|(from, _)| from.clone())),
+                ),
+            ),
+            (
+                "demoted_at",
+                timestamps(demotions.iter().map(|d| d.as_ref().map(|(_, at)| *at))),
+            ),
         ])?,
     )?;
-    let _ = DataType::Utf8;
+
+    let fingerprints = shared.lanes.entries();
+    set(
+        "fingerprints",
+        batch(vec![
+            (
+                "fingerprint",
+                strings(fingerprints.iter().map(|(id, _)| Some(id.clone()))),
+            ),
+            (
+                "sample_query",
+                strings(
+                    fingerprints
+                        .iter()
+                        .map(|(_, e)| Some(e.sample_query.clone())),
+                ),
+            ),
+            (
+                "runs",
+                Arc::new(UInt64Array::from_iter_values(
+                    fingerprints.iter().map(|(_, e)| e.runs),
+                )),
+            ),
+            (
+                "demotions",
+                Arc::new(UInt64Array::from_iter_values(
+                    fingerprints.iter().map(|(_, e)| e.demotions),
+                )),
+            ),
+            (
+                "last_ms",
+                Arc::new(UInt64Array::from_iter_values(
+                    fingerprints.iter().map(|(_, e)| e.last_ms),
+                )),
+            ),
+            (
+                "p50_ms",
+                Arc::new(UInt64Array::from_iter(
+                    fingerprints.iter().map(|(_, e)| e.quantile_ms(0.5)),
+                )),
+            ),
+            (
+                "p90_ms",
+                Arc::new(UInt64Array::from_iter(
+                    fingerprints.iter().map(|(_, e)| e.quantile_ms(0.9)),
+                )),
+            ),
+            (
+                "lane",
+                strings(fingerprints.iter().map(|(_, e)| e.lane.clone())),
+            ),
+            (
+                "pinned",
+                Arc::new(BooleanArray::from_iter(
+                    fingerprints.iter().map(|(_, e)| Some(e.pinned)),
+                )),
+            ),
+        ])?,
+    )?;
+
+    let log = shared.query_log.rows();
+    set(
+        "query_log",
+        batch(vec![
+            (
+                "query_id",
+                Arc::new(UInt64Array::from_iter_values(
+                    log.iter().map(|r| r.query_id),
+                )),
+            ),
+            ("user", strings(log.iter().map(|r| Some(r.user.clone())))),
+            (
+                "workload",
+                strings(log.iter().map(|r| Some(r.workload.clone()))),
+            ),
+            (
+                "initial_workload",
+                strings(log.iter().map(|r| Some(r.initial_workload.clone()))),
+            ),
+            (
+                "fingerprint",
+                strings(log.iter().map(|r| Some(r.fingerprint.clone()))),
+            ),
+            ("arrived", timestamps(log.iter().map(|r| Some(r.arrived)))),
+            (
+                "queued_ms",
+                Arc::new(UInt64Array::from_iter_values(
+                    log.iter().map(|r| r.queued_ms),
+                )),
+            ),
+            (
+                "run_ms",
+                Arc::new(UInt64Array::from_iter_values(log.iter().map(|r| r.run_ms))),
+            ),
+            (
+                "outcome",
+                strings(log.iter().map(|r| {
+                    Some(if r.demoted && r.outcome == crate::query_log::Outcome::Ok {
+                        "demoted".to_string()
+                    } else {
+                        r.outcome.name().to_string()
+                    })
+                })),
+            ),
+            (
+                "demoted",
+                Arc::new(BooleanArray::from_iter(log.iter().map(|r| Some(r.demoted)))),
+            ),
+            (
+                "rows",
+                Arc::new(UInt64Array::from_iter_values(log.iter().map(|r| r.rows))),
+            ),
+            ("query", strings(log.iter().map(|r| Some(r.query.clone())))),
+        ])?,
+    )?;
     Ok(())
+}
+
+/// Wall-clock times as `timestamp` (UTC, microseconds).
+fn timestamps<I: IntoIterator<Item = Option<std::time::SystemTime>>>(values: I) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from_iter(
+        values.into_iter().map(|t| {
+            t.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64)
+            })
+        }),
+    ))
 }

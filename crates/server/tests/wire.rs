@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use support::*;
 use tokio_postgres::NoTls;
 

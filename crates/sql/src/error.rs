@@ -35,6 +35,8 @@ pub enum ErrorCode {
     CannotConvertType,
     /// The server is shutting down: the statement was not run, or was stopped.
     Aborted,
+    /// A file of the data dir that does not read as what sluice wrote.
+    CorruptedData,
     /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
     InternalError,
 }
@@ -68,6 +70,7 @@ impl ErrorCode {
             ErrorCode::IllegalDivision => "ILLEGAL_DIVISION",
             ErrorCode::CannotConvertType => "CANNOT_CONVERT_TYPE",
             ErrorCode::Aborted => "ABORTED",
+            ErrorCode::CorruptedData => "CORRUPTED_DATA",
             ErrorCode::InternalError => "LOGICAL_ERROR",
         }
     }
@@ -100,6 +103,7 @@ impl ErrorCode {
             ErrorCode::IllegalDivision => 153,
             ErrorCode::CannotConvertType => 70,
             ErrorCode::Aborted => 236,
+            ErrorCode::CorruptedData => 246,
             ErrorCode::InternalError => 49,
         }
     }
@@ -131,6 +135,7 @@ impl ErrorCode {
             | ErrorCode::SettingConstraintViolation
             | ErrorCode::QueryIsProhibited => "42501",
             ErrorCode::QueryWasCancelled | ErrorCode::TimeoutExceeded => "57014",
+            ErrorCode::CorruptedData => "XX001",
             ErrorCode::InternalError => "XX000",
         }
     }

@@ -161,6 +161,11 @@ pub enum Statement {
         query: Query,
         format: CopyFormat,
     },
+    /// `PIN FINGERPRINT 'id' TO WORKLOAD w` (`workload` set) or `FORGET FINGERPRINT 'id'`.
+    Fingerprint {
+        id: String,
+        workload: Option<String>,
+    },
     Query(Query),
 }
 
@@ -601,6 +606,7 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
         "BEGIN" | "START" => return Ok(Statement::Transaction(TransactionControl::Begin)),
         "COMMIT" | "END" => return Ok(Statement::Transaction(TransactionControl::Commit)),
         "ROLLBACK" | "ABORT" => return Ok(Statement::Transaction(TransactionControl::Rollback)),
+        "PIN" | "FORGET" if is(1, "FINGERPRINT") => return fingerprint_command(&first, &word),
         "SHOW" if is(1, "WORKLOADS") => return Ok(Statement::ShowEntities(EntityKind::Workload)),
         "SHOW" if is(1, "RESOURCES") => return Ok(Statement::ShowEntities(EntityKind::Resource)),
         "SHOW" if is(1, "CREATE") && entity(2).is_some() => {
@@ -938,6 +944,37 @@ fn session_setting(word: Option<&str>) -> Option<String> {
     .then(|| word.to_ascii_lowercase())
 }
 
+/// `PIN FINGERPRINT 'id' TO WORKLOAD w`, `FORGET FINGERPRINT 'id'`.
+fn fingerprint_command<'a>(
+    first: &str,
+    word: &impl Fn(usize) -> Option<&'a str>,
+) -> Result<Statement> {
+    let usage = || {
+        Error::new(
+            ErrorCode::SyntaxError,
+            "expected PIN FINGERPRINT 'fingerprint' TO WORKLOAD name, or FORGET FINGERPRINT 'fingerprint' (system.fingerprints lists them)",
+        )
+    };
+    let id = word(2)
+        .and_then(|w| w.strip_prefix('\'')?.strip_suffix('\''))
+        .ok_or_else(usage)?
+        .to_ascii_lowercase();
+    let is = |i: usize, kw: &str| word(i).is_some_and(|w| w.eq_ignore_ascii_case(kw));
+    let workload = if first == "PIN" {
+        if !(is(3, "TO") && is(4, "WORKLOAD")) {
+            return Err(usage());
+        }
+        Some(word(5).map(unquote).ok_or_else(usage)?)
+    } else {
+        None
+    };
+    let expected_words = if workload.is_some() { 6 } else { 3 };
+    if word(expected_words).is_some() {
+        return Err(usage());
+    }
+    Ok(Statement::Fingerprint { id, workload })
+}
+
 fn unquote(word: &str) -> String {
     word.trim_matches('`').trim_matches('"').to_string()
 }
@@ -976,6 +1013,38 @@ mod tests {
         ];
         for (sql, expected) in cases {
             assert_eq!(texts(sql), *expected, "{sql}");
+        }
+    }
+
+    #[test]
+    fn fingerprint_commands() {
+        assert_eq!(
+            statement("PIN FINGERPRINT '00AB' TO WORKLOAD \"slow lane\"")
+                .ok()
+                .flatten(),
+            Some(Statement::Fingerprint {
+                id: "00ab".into(),
+                workload: Some("slow lane".into())
+            })
+        );
+        assert_eq!(
+            statement("forget fingerprint '00ab';").ok().flatten(),
+            Some(Statement::Fingerprint {
+                id: "00ab".into(),
+                workload: None
+            })
+        );
+        for bad in [
+            "PIN FINGERPRINT 00ab TO WORKLOAD w",
+            "PIN FINGERPRINT '00ab' WORKLOAD w",
+            "PIN FINGERPRINT '00ab' TO WORKLOAD",
+            "FORGET FINGERPRINT '00ab' now",
+        ] {
+            assert_eq!(
+                statement(bad).map_err(|e| e.code),
+                Err(ErrorCode::SyntaxError),
+                "{bad}"
+            );
         }
     }
 

@@ -1,0 +1,415 @@
+//! Learned lanes: what the server remembers of each statement fingerprint's runs, and the lane
+//! a fingerprint is sent to once it has been demoted.
+//!
+//! A fingerprint whose run was demoted (it overran its workload's `demote_after`) is remembered
+//! with the lane it was demoted to; its later runs from a workload that demotes to that lane
+//! are admitted straight into it. After `relearn_after` runs in a row that finish within the
+//! deadline, it is forgotten (a report that got faster goes back to the fast lane). An
+//! operator may pin a fingerprint to a lane (`PIN FINGERPRINT 'id' TO WORKLOAD w`): pinned
+//! runs go there whatever workload they asked for, and nothing unpins them but
+//! `FORGET FINGERPRINT 'id'`.
+//!
+//! Durable: every change of a lane (learned, forgotten, pinned) rewrites
+//! `<data-dir>/fingerprints.tsv` atomically, so a restart keeps the lanes. Run statistics
+//! (runs, durations) are kept in memory beside them and saved with the next lane change.
+//! At most [`MAX_FINGERPRINTS`] fingerprints are kept; past that the least recently run one
+//! without a lane goes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use sluice_sql::{Error, ErrorCode, Fingerprint, Result};
+
+use crate::state::Shared;
+
+/// Fingerprints kept in memory at most.
+pub const MAX_FINGERPRINTS: usize = 10_000;
+
+/// Run times kept per fingerprint for its percentiles.
+const RECENT_RUNS: usize = 128;
+
+const FILE: &str = "fingerprints.tsv";
+const HEADER: &str =
+    "# sluice learned lanes: fingerprint, lane, pinned, runs, demotions, last_ms, sample_query";
+
+/// What is known of one fingerprint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub sample_query: String,
+    pub runs: u64,
+    pub demotions: u64,
+    pub last_ms: u64,
+    /// The most recent run times, newest last.
+    recent: VecDeque<u64>,
+    /// Where its runs are admitted, when learned or pinned.
+    pub lane: Option<String>,
+    pub pinned: bool,
+    /// Runs in a row that finished within the deadline since the lane was learned.
+    fast_streak: u32,
+    /// Bumped with each run: which fingerprint ran least recently.
+    last_seen: u64,
+}
+
+impl Entry {
+    /// The `q`-quantile (0..=1) of the recent run times, in ms.
+    pub fn quantile_ms(&self, q: f64) -> Option<u64> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<u64> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+        sorted.get(rank).copied()
+    }
+}
+
+/// How one run ended, for the book.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// From admission to the end.
+    pub ms: u64,
+    /// The lane it was demoted to, when it was.
+    pub demoted_to: Option<String>,
+    /// Finished within its deadline (not demoted, and not failed).
+    pub fast: bool,
+    /// The origin workload's `relearn_after`.
+    pub relearn_after: u32,
+}
+
+/// The learned lanes of one data dir.
+#[derive(Debug)]
+pub struct LaneBook {
+    path: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: BTreeMap<String, Entry>,
+    clock: u64,
+}
+
+impl LaneBook {
+    /// Opens the book of `data_dir`, reading the lanes a previous run saved.
+    pub fn open(data_dir: &Path) -> Result<LaneBook> {
+        let path = data_dir.join(FILE);
+        let mut state = State::default();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for (n, line) in text.lines().enumerate() {
+                    if line.starts_with('#') || line.trim().is_empty() {
+                        continue;
+                    }
+                    let (id, entry) = parse_line(line).ok_or_else(|| {
+                        Error::new(
+                            ErrorCode::CorruptedData,
+                            format!(
+                                "{} line {}: not a learned lane (fingerprint, lane, pinned, runs, demotions, last_ms, sample_query separated by tabs); fix or delete the line",
+                                path.display(),
+                                n + 1
+                            ),
+                        )
+                    })?;
+                    state.entries.insert(id, entry);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::new(
+                    ErrorCode::InternalError,
+                    format!("cannot read {}: {e}", path.display()),
+                ))
+            }
+        }
+        Ok(LaneBook {
+            path,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lane fingerprint `id` is admitted to, and whether it is pinned there.
+    pub fn lane(&self, id: &str) -> Option<(String, bool)> {
+        let state = self.lock();
+        let entry = state.entries.get(id)?;
+        entry.lane.clone().map(|lane| (lane, entry.pinned))
+    }
+
+    /// Records one finished run of `fingerprint`.
+    pub fn record(&self, fingerprint: &Fingerprint, sample_query: &str, run: Run) -> Result<()> {
+        let mut state = self.lock();
+        state.clock += 1;
+        let clock = state.clock;
+        if !state.entries.contains_key(&fingerprint.id) && state.entries.len() >= MAX_FINGERPRINTS {
+            let oldest = state
+                .entries
+                .iter()
+                .filter(|(_, e)| e.lane.is_none())
+                .min_by_key(|(_, e)| e.last_seen)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(id) => {
+                    state.entries.remove(&id);
+                }
+                None => return Ok(()), // every kept one has a lane: keep those, learn no more
+            }
+        }
+        let entry = state.entries.entry(fingerprint.id.clone()).or_default();
+        if entry.sample_query.is_empty() {
+            entry.sample_query = sample_query.chars().take(1000).collect();
+        }
+        entry.runs += 1;
+        entry.last_ms = run.ms;
+        entry.last_seen = clock;
+        entry.recent.push_back(run.ms);
+        if entry.recent.len() > RECENT_RUNS {
+            entry.recent.pop_front();
+        }
+        let mut changed = false;
+        if let Some(to) = run.demoted_to {
+            entry.demotions += 1;
+            entry.fast_streak = 0;
+            if !entry.pinned && entry.lane.as_deref() != Some(to.as_str()) {
+                tracing::info!(fingerprint = %fingerprint.id, lane = %to, "learned: runs slow");
+                entry.lane = Some(to);
+                changed = true;
+            }
+        } else if entry.lane.is_some() && !entry.pinned {
+            if run.fast {
+                entry.fast_streak += 1;
+                if entry.fast_streak >= run.relearn_after {
+                    tracing::info!(fingerprint = %fingerprint.id, "relearned: runs fast again");
+                    entry.lane = None;
+                    entry.fast_streak = 0;
+                    changed = true;
+                }
+            } else {
+                entry.fast_streak = 0;
+            }
+        }
+        if changed {
+            self.save(&state)?;
+        }
+        Ok(())
+    }
+
+    /// Pins fingerprint `id` to `workload` (its runs go there until forgotten).
+    pub fn pin(&self, id: &str, workload: &str) -> Result<()> {
+        let mut state = self.lock();
+        let entry = state.entries.entry(id.to_string()).or_default();
+        entry.lane = Some(workload.to_string());
+        entry.pinned = true;
+        entry.fast_streak = 0;
+        self.save(&state)
+    }
+
+    /// Forgets fingerprint `id`'s lane (learned or pinned). Whether it had one.
+    pub fn forget(&self, id: &str) -> Result<bool> {
+        let mut state = self.lock();
+        let had = match state.entries.get_mut(id) {
+            Some(e) if e.lane.is_some() => {
+                e.lane = None;
+                e.pinned = false;
+                e.fast_streak = 0;
+                true
+            }
+            _ => false,
+        };
+        if had {
+            self.save(&state)?;
+        }
+        Ok(had)
+    }
+
+    /// Every fingerprint known, by id.
+    pub fn entries(&self) -> Vec<(String, Entry)> {
+        self.lock()
+            .entries
+            .iter()
+            .map(|(id, e)| (id.clone(), e.clone()))
+            .collect()
+    }
+
+    /// Writes the fingerprints with a lane (the others are statistics only).
+    fn save(&self, state: &State) -> Result<()> {
+        let mut text = String::from(HEADER);
+        text.push('\n');
+        for (id, e) in &state.entries {
+            let Some(lane) = &e.lane else { continue };
+            text.push_str(&format!(
+                "{id}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                escape(lane),
+                e.pinned,
+                e.runs,
+                e.demotions,
+                e.last_ms,
+                escape(&e.sample_query)
+            ));
+        }
+        sluice_catalog::write_atomically(&self.path, text.as_bytes())
+    }
+}
+
+/// Demotes query `query_id`, admitted at `since`, each time it outlives the `demote_after` of
+/// the workload it is in (its deadline counts from admission, so a chain of lanes reads as
+/// total run times). Returns when the workload it reached demotes no further; dropped (the
+/// query ended) it does nothing more. Rereads the catalog at each deadline, so a changed
+/// setting applies to queries already running.
+pub async fn demote_when_due(shared: Arc<Shared>, query_id: u64, since: tokio::time::Instant) {
+    loop {
+        let Some(workload) = shared.workload_of_query(query_id) else {
+            return;
+        };
+        let Some(due) = shared.snapshot().catalog.lanes(&workload).demotion else {
+            return;
+        };
+        tokio::time::sleep_until(since + due.after).await;
+        let now = shared.workload_of_query(query_id);
+        let still = now
+            .as_deref()
+            .and_then(|w| shared.snapshot().catalog.lanes(w).demotion);
+        if now.as_deref() != Some(workload.as_str()) || still.as_ref() != Some(&due) {
+            continue; // moved, or the settings changed while it slept: look again
+        }
+        if let Err(e) = shared.demote(query_id, &due.to) {
+            tracing::warn!(query_id, "could not demote to '{}': {e}", due.to);
+            return;
+        }
+    }
+}
+
+/// Aborts its task when dropped: a query's demotion timer ends with the query.
+#[derive(Debug)]
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn parse_line(line: &str) -> Option<(String, Entry)> {
+    let mut f = line.split('\t');
+    let id = f.next()?.to_string();
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let lane = unescape(f.next()?);
+    let pinned = f.next()?.parse().ok()?;
+    let runs = f.next()?.parse().ok()?;
+    let demotions = f.next()?.parse().ok()?;
+    let last_ms = f.next()?.parse().ok()?;
+    let sample_query = unescape(f.next()?);
+    if f.next().is_some() || lane.is_empty() {
+        return None;
+    }
+    Some((
+        id,
+        Entry {
+            sample_query,
+            runs,
+            demotions,
+            last_ms,
+            lane: Some(lane),
+            pinned,
+            ..Entry::default()
+        },
+    ))
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('\t', "\\t")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(ms: u64, demoted_to: Option<&str>) -> Run {
+        Run {
+            ms,
+            demoted_to: demoted_to.map(str::to_string),
+            fast: demoted_to.is_none(),
+            relearn_after: 2,
+        }
+    }
+
+    #[test]
+    fn a_demoted_fingerprint_is_learned_kept_across_a_reopen_and_relearned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fp = sluice_sql::fingerprint("SELECT * FROM big WHERE day = '2026-01-01'");
+        let book = LaneBook::open(dir.path()).expect("opens");
+        book.record(&fp, "SELECT …\twith a tab", run(10, None))
+            .expect("records");
+        assert_eq!(book.lane(&fp.id), None);
+        book.record(&fp, "x", run(30_000, Some("slow")))
+            .expect("records");
+        assert_eq!(book.lane(&fp.id), Some(("slow".into(), false)));
+
+        let book = LaneBook::open(dir.path()).expect("reopens");
+        assert_eq!(book.lane(&fp.id), Some(("slow".into(), false)));
+        let (_, entry) = book.entries().remove(0);
+        assert_eq!(
+            (entry.runs, entry.demotions, entry.sample_query.as_str()),
+            (2, 1, "SELECT …\twith a tab")
+        );
+        // Two fast runs in a row (relearn_after = 2) forget it; a slow one between resets.
+        book.record(&fp, "x", run(5, None)).expect("records");
+        let mut slow_between = run(5, None);
+        slow_between.fast = false;
+        book.record(&fp, "x", slow_between).expect("records");
+        book.record(&fp, "x", run(5, None)).expect("records");
+        assert!(book.lane(&fp.id).is_some(), "the streak was broken");
+        book.record(&fp, "x", run(5, None)).expect("records");
+        assert_eq!(book.lane(&fp.id), None);
+        assert_eq!(
+            LaneBook::open(dir.path()).expect("reopens").lane(&fp.id),
+            None
+        );
+    }
+
+    #[test]
+    fn pins_hold_until_forgotten_and_bad_files_say_where() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let book = LaneBook::open(dir.path()).expect("opens");
+        let fp = sluice_sql::fingerprint("SELECT 1");
+        book.pin(&fp.id, "slow").expect("pins");
+        for _ in 0..5 {
+            book.record(&fp, "SELECT 1", run(1, None)).expect("records");
+        }
+        assert_eq!(book.lane(&fp.id), Some(("slow".into(), true)));
+        assert!(book.forget(&fp.id).expect("forgets"));
+        assert!(!book.forget(&fp.id).expect("forgets"));
+        assert_eq!(book.lane(&fp.id), None);
+
+        std::fs::write(dir.path().join(FILE), "not a lane\n").expect("write");
+        let e = LaneBook::open(dir.path()).expect_err("corrupt");
+        assert!(e.message.contains("line 1"), "{}", e.message);
+    }
+}

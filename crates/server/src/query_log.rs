@@ -1,0 +1,124 @@
+//! `system.query_log`: one row per finished statement that went through admission, newest
+//! kept. It is what an operator tunes lanes from, and what `sluice simulate` replays.
+//!
+//! Bounded: at most `server.query_log_size` rows (default [`DEFAULT_SIZE`]) are kept in
+//! memory; the oldest goes first. 0 keeps none.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+/// Rows kept when the config says nothing.
+pub const DEFAULT_SIZE: usize = 10_000;
+
+/// How a statement ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// Stopped by a cancel request, or its client went away.
+    Cancelled,
+    /// Failed, with this ClickHouse code name.
+    Error(&'static str),
+}
+
+impl Outcome {
+    pub fn name(&self) -> &str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error(code) => code,
+        }
+    }
+}
+
+/// One finished statement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub query_id: u64,
+    pub user: String,
+    /// Where it ended (after any demotion or move).
+    pub workload: String,
+    /// Where it was admitted.
+    pub initial_workload: String,
+    pub fingerprint: String,
+    /// When it arrived.
+    pub arrived: SystemTime,
+    pub queued_ms: u64,
+    pub run_ms: u64,
+    pub outcome: Outcome,
+    /// Demoted while it ran.
+    pub demoted: bool,
+    pub rows: u64,
+    pub query: String,
+}
+
+/// The last rows, oldest first.
+#[derive(Debug)]
+pub struct QueryLog {
+    size: usize,
+    rows: Mutex<VecDeque<Row>>,
+}
+
+impl QueryLog {
+    pub fn new(size: usize) -> QueryLog {
+        QueryLog {
+            size,
+            rows: Mutex::new(VecDeque::with_capacity(size.min(1024))),
+        }
+    }
+
+    pub fn push(&self, row: Row) {
+        if self.size == 0 {
+            return;
+        }
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        while rows.len() >= self.size {
+            rows.pop_front();
+        }
+        rows.push_back(row);
+    }
+
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(query_id: u64) -> Row {
+        Row {
+            query_id,
+            user: "u".into(),
+            workload: "w".into(),
+            initial_workload: "w".into(),
+            fingerprint: String::new(),
+            arrived: SystemTime::UNIX_EPOCH,
+            queued_ms: 0,
+            run_ms: 0,
+            outcome: Outcome::Ok,
+            demoted: false,
+            rows: 0,
+            query: String::new(),
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_rows_up_to_its_size() {
+        let log = QueryLog::new(3);
+        for id in 1..=5 {
+            log.push(row(id));
+        }
+        let ids: Vec<u64> = log.rows().iter().map(|r| r.query_id).collect();
+        assert_eq!(ids, [3, 4, 5]);
+        let none = QueryLog::new(0);
+        none.push(row(1));
+        assert!(none.rows().is_empty());
+    }
+}
