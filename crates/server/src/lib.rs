@@ -34,6 +34,7 @@ pub mod encode;
 pub mod error;
 pub mod lanes;
 pub mod metrics;
+pub mod operator;
 pub mod params;
 pub mod query_log;
 pub mod record;

@@ -429,6 +429,37 @@ impl Connection {
                 };
                 Ok(Outcome::Command(Tag::new(tag)))
             }
+            ClientStatement::KillQuery { predicate, mode } => {
+                let matched = crate::operator::matching(
+                    &self.shared,
+                    self.session.as_ref(),
+                    user,
+                    &predicate,
+                )
+                .await?;
+                let batch = crate::operator::kill(&self.shared, user, matched, mode).await?;
+                Ok(batch_outcome(batch))
+            }
+            ClientStatement::MoveQuery {
+                predicate,
+                workload,
+            } => {
+                let matched = crate::operator::matching(
+                    &self.shared,
+                    self.session.as_ref(),
+                    user,
+                    &predicate,
+                )
+                .await?;
+                Ok(batch_outcome(crate::operator::move_to(
+                    &self.shared,
+                    matched,
+                    &workload,
+                )?))
+            }
+            ClientStatement::SignalBackend { pid, terminate } => Ok(batch_outcome(
+                crate::operator::signal_backend(&self.shared, user, pid, terminate)?,
+            )),
             ClientStatement::Fingerprint { id, workload } => {
                 if !self.shared.users.is_admin(user) {
                     return Err(Error::new(
@@ -651,7 +682,12 @@ impl Connection {
 
     /// What ends a statement early, once admitted: a cancel request, its client going away,
     /// the server's grace period running out, its `max_execution_time`.
-    fn stop(&self, max_execution_time: Option<Duration>, grant: Option<Arc<Mutex<Grant>>>) -> Stop {
+    fn stop(
+        &self,
+        max_execution_time: Option<Duration>,
+        grant: Option<Arc<Mutex<Grant>>>,
+        control: Arc<crate::state::Control>,
+    ) -> Stop {
         let shared = self.shared.clone();
         let watch = self.watch.clone();
         let mut cancelled = self.cancel.get().map(|(_, signal)| signal.subscribe());
@@ -679,6 +715,7 @@ impl Connection {
             };
             tokio::select! {
                 e = cancel => e,
+                e = control.killed() => e,
                 _ = watch.gone() => client_gone(),
                 _ = shared.reached(Phase::Terminating) => shutting_down(Phase::Terminating),
                 e = timeout => e,
@@ -764,22 +801,28 @@ impl Connection {
         notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
     ) -> Result<Outcome> {
-        let mut attachments = Vec::new();
-        let guard = self.shared.register(user, workload, &query.text);
+        let mut attachments: Vec<Attachment> = Vec::new();
+        let pid = self.cancel.get().map(|((pid, _), _)| *pid);
+        let guard = self.shared.register(user, workload, &query.text, pid);
         if let Some(record) = record.as_mut() {
             record.set_query_id(guard.query_id);
         }
+        // Where it queues; a `MOVE QUERY` while it waits changes it.
+        let mut workload = workload.to_string();
         let snapshot = self.shared.snapshot();
-        for (resource, scheduler) in &snapshot.schedulers {
-            if !scheduler.has_workload(workload) {
+        let mut resources = snapshot.schedulers.iter();
+        let mut next = resources.next();
+        while let Some((resource, scheduler)) = next {
+            if !scheduler.has_workload(&workload) {
                 if self.shared.options.throw_on_unknown_workload {
                     return Err(access_denied(resource));
                 }
+                next = resources.next();
                 continue;
             }
             let arrived = std::time::Instant::now();
-            let series = self.shared.metrics.series(resource, workload);
-            let mut acquire = scheduler.acquire(workload, 1).inspect_err(|e| {
+            let series = self.shared.metrics.series(resource, &workload);
+            let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
                 if e.code == ErrorCode::ServerOverloaded {
                     series.rejected();
                 }
@@ -804,6 +847,22 @@ impl Connection {
             } else {
                 tokio::select! {
                     permit = acquire => permit?,
+                    e = guard.control.killed() => return Err(e),
+                    to = guard.control.moved() => {
+                        // Out of this queue, into the new workload's: the permits already
+                        // held move with it, and this resource is asked again.
+                        drop(counted_waiting);
+                        for held in &mut attachments {
+                            if let Some(s) = snapshot.schedulers.get(&held.resource) {
+                                held.permit.move_to(s, &to)?;
+                            }
+                            held.in_flight = self.shared.metrics.series(&held.resource, &to).moved_in();
+                        }
+                        tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
+                        self.shared.show_in(guard.query_id, &to);
+                        workload = to;
+                        continue;
+                    }
                     _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
                     _ = self.watch.gone() => return Err(client_gone()),
                 }
@@ -815,7 +874,9 @@ impl Connection {
                 in_flight: series.admitted(arrived.elapsed()),
             });
             guard.waiting_for(None);
+            next = resources.next();
         }
+        let workload = workload.as_str();
         let grant = Arc::new(Mutex::new(Grant {
             workload: workload.to_string(),
             attachments,
@@ -835,6 +896,7 @@ impl Connection {
             );
             crate::lanes::AbortOnDrop(tokio::spawn(task))
         });
+        let control = guard.control.clone();
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
         let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
@@ -844,7 +906,7 @@ impl Connection {
         };
         // The hard limit: the query's own, else its workload's.
         let limit = settings.max_execution_time.or(lanes.max_execution_time);
-        let mut stop = self.stop(limit, Some(grant));
+        let mut stop = self.stop(limit, Some(grant), control);
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
@@ -891,6 +953,15 @@ impl Connection {
                     .clone(),
             ),
             ClientStatement::Show(name) => Some(text_schema(name)),
+            ClientStatement::KillQuery { .. } => {
+                Some(crate::operator::status_schema("kill_status"))
+            }
+            ClientStatement::MoveQuery { .. } => {
+                Some(crate::operator::status_schema("move_status"))
+            }
+            ClientStatement::SignalBackend { terminate, .. } => {
+                Some(crate::operator::signal_schema(*terminate))
+            }
             ClientStatement::ShowEntities(_) => Some(text_schema("name")),
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
             ClientStatement::Query(query) => {
@@ -1048,6 +1119,14 @@ fn client_gone() -> Error {
 
 fn text_schema(name: &str) -> Arc<Schema> {
     Arc::new(Schema::new(vec![Field::new(name, DataType::Utf8, true)]))
+}
+
+fn batch_outcome(batch: RecordBatch) -> Outcome {
+    Outcome::Rows {
+        schema: batch.schema(),
+        batches: collected(vec![batch]),
+        hold: Vec::new(),
+    }
 }
 
 fn one_column(name: &str, values: Vec<String>) -> Outcome {

@@ -131,6 +131,48 @@ pub struct Process {
     pub query: String,
     /// What it holds, once admitted.
     pub grant: Option<Arc<Mutex<Grant>>>,
+    /// The connection's process id (`pg_cancel_backend` takes it), when it has one.
+    pub pid: Option<i32>,
+    /// How an operator reaches the statement: `KILL QUERY`, `MOVE QUERY` while it waits.
+    pub control: Arc<Control>,
+}
+
+/// An operator's hand on one statement.
+#[derive(Debug, Default)]
+pub struct Control {
+    /// Notified once by `KILL QUERY`: the statement stops (waiting or running) with `killed`.
+    pub kill: tokio::sync::Notify,
+    pub killed: Mutex<Option<Error>>,
+    /// Notified by `MOVE QUERY` while the statement waits: it queues again in `move_to`.
+    pub moved: tokio::sync::Notify,
+    pub move_to: Mutex<Option<String>>,
+}
+
+impl Control {
+    /// Resolves with the error of a `KILL QUERY` aimed at this statement.
+    pub async fn killed(&self) -> Error {
+        self.kill.notified().await;
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| Error::new(ErrorCode::QueryWasCancelled, "Query was cancelled"))
+    }
+
+    /// Resolves with the workload a `MOVE QUERY` asked for.
+    pub async fn moved(&self) -> String {
+        loop {
+            self.moved.notified().await;
+            if let Some(to) = self
+                .move_to
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                return to;
+            }
+        }
+    }
 }
 
 pub struct Shared {
@@ -240,8 +282,15 @@ impl Shared {
     }
 
     /// Registers a statement; the guard removes it when the statement ends, however it ends.
-    pub fn register(self: &Arc<Self>, user: &str, workload: &str, query: &str) -> ProcessGuard {
+    pub fn register(
+        self: &Arc<Self>,
+        user: &str,
+        workload: &str,
+        query: &str,
+        pid: Option<i32>,
+    ) -> ProcessGuard {
         let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
+        let control = Arc::new(Control::default());
         let process = Process {
             query_id,
             user: user.to_string(),
@@ -251,6 +300,8 @@ impl Shared {
             started: Instant::now(),
             query: query.to_string(),
             grant: None,
+            pid,
+            control: control.clone(),
         };
         self.processes
             .lock()
@@ -259,7 +310,56 @@ impl Shared {
         ProcessGuard {
             shared: self.clone(),
             query_id,
+            control,
         }
+    }
+
+    /// Stops statement `query_id` with `error` (`KILL QUERY`, `pg_cancel_backend`), waiting
+    /// or running. Whether it was there to stop.
+    pub fn kill(&self, query_id: u64, error: Error) -> bool {
+        let control = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&query_id)
+            .map(|p| p.control.clone());
+        match control {
+            Some(control) => {
+                control
+                    .killed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(error);
+                control.kill.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `MOVE QUERY`: a running statement moves with what it holds ([`Shared::move_query`]); a
+    /// waiting one leaves its queue and queues again in `workload`.
+    pub fn move_any(&self, query_id: u64, workload: &str) -> Result<()> {
+        let (running, control) = self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&query_id)
+            .map(|p| (p.grant.is_some(), p.control.clone()))
+            .ok_or_else(|| {
+                Error::bad_arguments(format!("no statement with query_id {query_id}"))
+            })?;
+        if running {
+            return self.move_query(query_id, workload);
+        }
+        *control.move_to.lock().unwrap_or_else(|p| p.into_inner()) = Some(workload.to_string());
+        control.moved.notify_one();
+        Ok(())
+    }
+
+    /// Sets the workload statement `query_id` is shown in (a waiting one that was moved).
+    pub fn show_in(&self, query_id: u64, workload: &str) {
+        self.update(query_id, |p| p.workload = workload.to_string());
     }
 
     /// The cancel signal of the connection with `key`: its value changes with each cancel
@@ -436,6 +536,7 @@ impl std::fmt::Debug for Shared {
 pub struct ProcessGuard {
     shared: Arc<Shared>,
     pub query_id: u64,
+    pub control: Arc<Control>,
 }
 
 impl ProcessGuard {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use sluice_catalog::resource_disks;
 use sluice_engine::datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, ListBuilder, StringArray, StringBuilder,
-    TimestampMicrosecondArray, UInt64Array,
+    ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, ListBuilder, StringArray,
+    StringBuilder, TimestampMicrosecondArray, UInt64Array,
 };
 use sluice_engine::datafusion::arrow::datatypes::{Field, Schema};
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
@@ -269,6 +269,10 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             (
                 "query",
                 strings(processes.iter().map(|p| Some(p.query.clone()))),
+            ),
+            (
+                "pid",
+                Arc::new(Int32Array::from_iter(processes.iter().map(|p| p.pid))),
             ),
             (
                 "demoted_from",

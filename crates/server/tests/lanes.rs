@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use support::*;
 
 const LANES: &str = "CREATE RESOURCE q (QUERY);
@@ -19,19 +17,6 @@ const REPORT: &str = "SELECT sluice_barrier('{gate}') AS report SETTINGS workloa
 
 fn report(gate: &str) -> String {
     REPORT.replace("{gate}", gate)
-}
-
-/// Waits (bounded, 10 s) until `sql` answers `want` (its first column, rows joined by `,`).
-async fn until(client: &tokio_postgres::Client, sql: &str, want: &str) {
-    let mut last = Vec::new();
-    for _ in 0..1000 {
-        last = column(client, sql).await;
-        if last.join(",") == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{sql}: wanted {want}, last saw {last:?}");
 }
 
 const WHERE_REPORT: &str = "FROM system.processes WHERE query LIKE 'SELECT sluice_barrier%'";

@@ -380,3 +380,125 @@ async fn a_rollback_that_cannot_undo_writes_says_so() {
     assert_eq!(column(&client, "SELECT count(*) FROM r").await, ["1"]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        users: vec![
+            User {
+                admin: true,
+                ..user("root", "r00t")
+            },
+            user("dana", "dana-pw"),
+        ],
+        ..options(dir.path())
+    })
+    .await;
+    let root = login(server.port, "root", "r00t").await.expect("root");
+    root.batch_execute(
+        "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2; \
+         CREATE WORKLOAD fast IN all SETTINGS max_concurrent_queries = 1; \
+         CREATE WORKLOAD slow IN all SETTINGS max_concurrent_queries = 1",
+    )
+    .await
+    .expect("ddl");
+    let dana = login(server.port, "dana", "dana-pw").await.expect("dana");
+    let root_runs = {
+        let c = login(server.port, "root", "r00t").await.expect("root");
+        tokio::spawn(async move {
+            c.simple_query("SELECT sluice_barrier('root') SETTINGS workload = 'fast'")
+                .await
+        })
+    };
+    until_running(&root, 1).await;
+    // dana's query waits behind root's in fast.
+    let dana_waits = {
+        let c = login(server.port, "dana", "dana-pw").await.expect("dana");
+        tokio::spawn(async move {
+            c.simple_query("SELECT sluice_barrier('dana') SETTINGS workload = 'fast'")
+                .await
+        })
+    };
+    until_waiting(&root, 1).await;
+
+    // dana may not touch root's statement, and a condition reaching it is refused whole.
+    let e = dana
+        .simple_query("KILL QUERY WHERE query LIKE '%sluice_barrier%'")
+        .await
+        .expect_err("not hers");
+    assert_eq!(sqlstate(&e), "42501");
+    assert!(
+        message(&e).contains("other users (root)"),
+        "{}",
+        message(&e)
+    );
+    assert_eq!(server.barriers.waiting("root"), 1, "nothing was killed");
+
+    // dana moves her own waiting statement to slow: it leaves fast's queue and runs there.
+    let moved = column(
+        &dana,
+        "MOVE QUERY WHERE user = 'dana' AND state = 'waiting' TO WORKLOAD slow",
+    )
+    .await;
+    assert_eq!(moved, ["moved from fast"]);
+    until(&root, "SELECT workload || ' ' || state FROM system.processes WHERE \"user\" = 'dana' AND query LIKE 'SELECT sluice%'", "slow running").await;
+
+    // An admin kills it while it runs, SYNC: gone when answered.
+    let killed = column(
+        &root,
+        "KILL QUERY WHERE \"user\" = 'dana' AND query LIKE 'SELECT sluice%' SYNC",
+    )
+    .await;
+    assert_eq!(killed, ["finished"]);
+    let e = dana_waits.await.expect("task").expect_err("killed");
+    assert_eq!(sqlstate(&e), "57014");
+    assert!(
+        message(&e).contains("KILL QUERY by user 'root'"),
+        "{}",
+        message(&e)
+    );
+
+    // A waiting statement is killed too, leaving its queue.
+    let waits = {
+        let c = login(server.port, "dana", "dana-pw").await.expect("dana");
+        tokio::spawn(async move { c.simple_query("SELECT 7 SETTINGS workload = 'fast'").await })
+    };
+    until_waiting(&root, 1).await;
+    assert_eq!(
+        column(&dana, "KILL QUERY WHERE state = 'waiting'").await,
+        ["waiting"]
+    );
+    let e = tokio::time::timeout(Duration::from_secs(10), waits)
+        .await
+        .expect("the kill reaches a waiting statement")
+        .expect("task")
+        .expect_err("killed waiting");
+    assert_eq!(sqlstate(&e), "57014");
+    until_waiting(&root, 0).await;
+
+    // pg_cancel_backend by pid, as Postgres tools send it.
+    let pid = column(
+        &root,
+        "SELECT pid FROM system.processes WHERE query LIKE 'SELECT sluice%'",
+    )
+    .await;
+    assert_eq!(pid.len(), 1);
+    let e = dana
+        .simple_query(&format!("SELECT pg_cancel_backend({})", pid[0]))
+        .await
+        .expect_err("root's backend");
+    assert_eq!(sqlstate(&e), "42501");
+    assert_eq!(
+        column(&root, &format!("SELECT pg_cancel_backend({})", pid[0])).await,
+        ["t"]
+    );
+    let e = root_runs.await.expect("task").expect_err("cancelled");
+    assert_eq!(sqlstate(&e), "57014");
+    assert_eq!(
+        column(&root, "KILL QUERY WHERE query_id = 0 TEST").await,
+        Vec::<String>::new()
+    );
+    assert_nothing_held(&root).await;
+    server.stop().await;
+}

@@ -35,6 +35,6 @@ pub use parser::{
     ScriptStatement,
 };
 pub use statement::{
-    statement, statements, CopyFormat, Query, Statement as ClientStatement, StatementKind,
-    TransactionControl, MAX_NESTING,
+    statement, statements, CopyFormat, KillMode, Query, Statement as ClientStatement,
+    StatementKind, TransactionControl, MAX_NESTING,
 };

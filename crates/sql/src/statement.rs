@@ -119,6 +119,15 @@ pub struct Query {
     pub nesting: usize,
 }
 
+/// How `KILL QUERY` waits: `ASYNC` (the default) answers at once, `SYNC` once the statements
+/// have stopped, `TEST` only lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillMode {
+    Async,
+    Sync,
+    Test,
+}
+
 /// One statement, as the server routes it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Statement {
@@ -160,6 +169,22 @@ pub enum Statement {
     CopyOut {
         query: Query,
         format: CopyFormat,
+    },
+    /// `KILL QUERY WHERE predicate [SYNC | ASYNC | TEST]`: the predicate is over
+    /// `system.processes` columns.
+    KillQuery {
+        predicate: String,
+        mode: KillMode,
+    },
+    /// `MOVE QUERY WHERE predicate TO WORKLOAD name`.
+    MoveQuery {
+        predicate: String,
+        workload: String,
+    },
+    /// `SELECT pg_cancel_backend(pid)` / `SELECT pg_terminate_backend(pid)`.
+    SignalBackend {
+        pid: i32,
+        terminate: bool,
     },
     /// `PIN FINGERPRINT 'id' TO WORKLOAD w` (`workload` set) or `FORGET FINGERPRINT 'id'`.
     Fingerprint {
@@ -607,6 +632,18 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
         "COMMIT" | "END" => return Ok(Statement::Transaction(TransactionControl::Commit)),
         "ROLLBACK" | "ABORT" => return Ok(Statement::Transaction(TransactionControl::Rollback)),
         "PIN" | "FORGET" if is(1, "FINGERPRINT") => return fingerprint_command(&first, &word),
+        "KILL" | "MOVE" if is(1, "QUERY") => return operator_command(text, lexed, &first),
+        "SELECT" if is(1, "pg_cancel_backend") || is(1, "pg_terminate_backend") => {
+            if let Some(pid) = (is(2, "(") && is(4, ")") && word(5).is_none())
+                .then(|| word(3).and_then(|w| w.parse::<i32>().ok()))
+                .flatten()
+            {
+                return Ok(Statement::SignalBackend {
+                    pid,
+                    terminate: is(1, "pg_terminate_backend"),
+                });
+            }
+        }
         "SHOW" if is(1, "WORKLOADS") => return Ok(Statement::ShowEntities(EntityKind::Workload)),
         "SHOW" if is(1, "RESOURCES") => return Ok(Statement::ShowEntities(EntityKind::Resource)),
         "SHOW" if is(1, "CREATE") && entity(2).is_some() => {
@@ -944,6 +981,69 @@ fn session_setting(word: Option<&str>) -> Option<String> {
     .then(|| word.to_ascii_lowercase())
 }
 
+/// `KILL QUERY WHERE … [SYNC|ASYNC|TEST]`, `MOVE QUERY WHERE … TO WORKLOAD name`.
+fn operator_command(text: &str, lexed: &Lexed, first: &str) -> Result<Statement> {
+    let mut collect = Spans(Vec::new());
+    let statement = &text[lexed.span.clone()];
+    lex(statement, &mut collect);
+    let tokens = collect.0;
+    let word = |i: usize| tokens.get(i).map(|(_, r)| &statement[r.clone()]);
+    let is = |i: usize, kw: &str| word(i).is_some_and(|w| w.eq_ignore_ascii_case(kw));
+    let usage = if first == "KILL" {
+        "expected KILL QUERY WHERE condition [SYNC | ASYNC | TEST], the condition over system.processes columns (query_id, user, workload, state, query, …)"
+    } else {
+        "expected MOVE QUERY WHERE condition TO WORKLOAD name, the condition over system.processes columns (query_id, user, workload, state, query, …)"
+    };
+    let usage = || Error::new(ErrorCode::SyntaxError, usage);
+    if !is(2, "WHERE") || tokens.len() < 4 {
+        return Err(usage());
+    }
+    let mut end = tokens.len();
+    if tokens
+        .last()
+        .is_some_and(|(_, r)| &statement[r.clone()] == ";")
+    {
+        end -= 1;
+    }
+    let between = |from: usize, to: usize| -> Result<String> {
+        if to <= from {
+            return Err(usage());
+        }
+        Ok(statement[tokens[from].1.start..tokens[to - 1].1.end].to_string())
+    };
+    if first == "KILL" {
+        let mode = match word(end - 1).map(str::to_ascii_uppercase).as_deref() {
+            Some("SYNC") => Some(KillMode::Sync),
+            Some("ASYNC") => Some(KillMode::Async),
+            Some("TEST") => Some(KillMode::Test),
+            _ => None,
+        };
+        if mode.is_some() {
+            end -= 1;
+        }
+        return Ok(Statement::KillQuery {
+            predicate: between(3, end)?,
+            mode: mode.unwrap_or(KillMode::Async),
+        });
+    }
+    if end < 7 || !is(end - 3, "TO") || !is(end - 2, "WORKLOAD") {
+        return Err(usage());
+    }
+    Ok(Statement::MoveQuery {
+        predicate: between(3, end - 3)?,
+        workload: word(end - 1).map(unquote).unwrap_or_default(),
+    })
+}
+
+/// Every token's span (for statements read past their first words).
+struct Spans(Vec<(TokenKind, Range<usize>)>);
+
+impl Tokens for Spans {
+    fn token(&mut self, kind: TokenKind, span: Range<usize>) {
+        self.0.push((kind, span));
+    }
+}
+
 /// `PIN FINGERPRINT 'id' TO WORKLOAD w`, `FORGET FINGERPRINT 'id'`.
 fn fingerprint_command<'a>(
     first: &str,
@@ -1013,6 +1113,62 @@ mod tests {
         ];
         for (sql, expected) in cases {
             assert_eq!(texts(sql), *expected, "{sql}");
+        }
+    }
+
+    #[test]
+    fn operator_commands() {
+        assert_eq!(
+            statement("KILL QUERY WHERE user = 'bob' AND query LIKE '%;%' SYNC")
+                .ok()
+                .flatten(),
+            Some(Statement::KillQuery {
+                predicate: "user = 'bob' AND query LIKE '%;%'".into(),
+                mode: KillMode::Sync
+            })
+        );
+        assert_eq!(
+            statement("kill query where query_id = 7").ok().flatten(),
+            Some(Statement::KillQuery {
+                predicate: "query_id = 7".into(),
+                mode: KillMode::Async
+            })
+        );
+        assert_eq!(
+            statement("MOVE QUERY WHERE workload = 'fast' AND elapsed_ms > 1000 TO WORKLOAD slow;")
+                .ok()
+                .flatten(),
+            Some(Statement::MoveQuery {
+                predicate: "workload = 'fast' AND elapsed_ms > 1000".into(),
+                workload: "slow".into()
+            })
+        );
+        assert_eq!(
+            statement("SELECT pg_terminate_backend(42)").ok().flatten(),
+            Some(Statement::SignalBackend {
+                pid: 42,
+                terminate: true
+            })
+        );
+        // With anything more it is an ordinary query.
+        assert!(matches!(
+            statement("SELECT pg_cancel_backend(pid) FROM x")
+                .ok()
+                .flatten(),
+            Some(Statement::Query(_))
+        ));
+        for bad in [
+            "KILL QUERY",
+            "KILL QUERY WHERE",
+            "KILL QUERY WHERE SYNC",
+            "MOVE QUERY WHERE x = 1",
+            "MOVE QUERY WHERE TO WORKLOAD slow",
+        ] {
+            assert_eq!(
+                statement(bad).map_err(|e| e.code),
+                Err(ErrorCode::SyntaxError),
+                "{bad}"
+            );
         }
     }
 

@@ -140,6 +140,19 @@ pub async fn until_running(client: &Client, n: usize) {
     until_count(client, probe, n).await;
 }
 
+/// Waits (bounded, 10 s) until `sql` answers `want` (its first column, rows joined by `,`).
+pub async fn until(client: &Client, sql: &str, want: &str) {
+    let mut last = Vec::new();
+    for _ in 0..1000 {
+        last = column(client, sql).await;
+        if last.join(",") == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{sql}: wanted {want}, last saw {last:?}");
+}
+
 /// Waits (bounded, 5 s) until the one-value query `sql` answers `n`.
 async fn until_count(client: &Client, sql: &str, n: usize) {
     for _ in 0..500 {

@@ -1,0 +1,240 @@
+//! An operator's hand on running and waiting statements: `KILL QUERY WHERE …`,
+//! `MOVE QUERY WHERE … TO WORKLOAD w`, and Postgres tools' `pg_cancel_backend(pid)` /
+//! `pg_terminate_backend(pid)`.
+//!
+//! Which statements a `WHERE` names is decided by the engine, over a fresh `system.processes`:
+//! any SQL condition on its columns works. Users who are not admins may act on their own
+//! statements only; a condition that also matches other users' statements is refused whole
+//! (nothing is killed or moved), with the users named.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use sluice_engine::datafusion::arrow::array::{Array, StringArray, UInt64Array};
+use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
+use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
+use sluice_engine::{ExecuteOptions, QueryOutput, Session};
+use sluice_sql::{Error, ErrorCode, KillMode, Result};
+
+use crate::state::Shared;
+
+/// One statement a condition matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matched {
+    pub query_id: u64,
+    pub user: String,
+    pub workload: String,
+    pub query: String,
+}
+
+/// The statements of `system.processes` that `predicate` holds for, checked against what
+/// `user` may act on.
+pub async fn matching(
+    shared: &Shared,
+    session: &dyn Session,
+    user: &str,
+    predicate: &str,
+) -> Result<Vec<Matched>> {
+    crate::system::refresh(shared)?;
+    let sql = format!(
+        "SELECT query_id, \"user\", workload, query FROM system.processes WHERE ({predicate}) ORDER BY query_id"
+    );
+    let batches: Vec<RecordBatch> = match session
+        .execute(&sql, ExecuteOptions::default(), Vec::new())
+        .await?
+    {
+        QueryOutput::Rows { batches, .. } => batches.try_collect().await?,
+        QueryOutput::Command { .. } => Vec::new(),
+    };
+    let mut out = Vec::new();
+    for batch in &batches {
+        let ids = batch.column(0).as_any().downcast_ref::<UInt64Array>();
+        let text = |i: usize| batch.column(i).as_any().downcast_ref::<StringArray>();
+        let (Some(ids), Some(users), Some(workloads), Some(queries)) =
+            (ids, text(1), text(2), text(3))
+        else {
+            return Err(Error::new(
+                ErrorCode::InternalError,
+                "system.processes has unexpected column types",
+            ));
+        };
+        for row in 0..batch.num_rows() {
+            out.push(Matched {
+                query_id: ids.value(row),
+                user: users.value(row).to_string(),
+                workload: workloads.value(row).to_string(),
+                query: queries.value(row).to_string(),
+            });
+        }
+    }
+    if !shared.users.is_admin(user) {
+        let mut others: Vec<&str> = out
+            .iter()
+            .filter(|m| m.user != user)
+            .map(|m| m.user.as_str())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        if !others.is_empty() {
+            return Err(Error::new(
+                ErrorCode::AccessDenied,
+                format!(
+                    "{user}: Not enough privileges. The condition matches statements of other users ({}); only admins act on other users' statements. Add AND user = '{user}' to act on your own",
+                    others.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `KILL QUERY`: stops each matched statement (with `SYNC`, waits until they are gone), and
+/// answers one row per statement as ClickHouse does: `kill_status`, `query_id`, `user`,
+/// `query`.
+pub async fn kill(
+    shared: &Shared,
+    by: &str,
+    matched: Vec<Matched>,
+    mode: KillMode,
+) -> Result<RecordBatch> {
+    let mut status = Vec::new();
+    for m in &matched {
+        let s = match mode {
+            KillMode::Test => "test",
+            _ => {
+                let killed = shared.kill(
+                    m.query_id,
+                    Error::new(
+                        ErrorCode::QueryWasCancelled,
+                        format!("Query was cancelled: KILL QUERY by user '{by}'"),
+                    ),
+                );
+                if killed {
+                    "waiting"
+                } else {
+                    "finished" // it ended on its own meanwhile
+                }
+            }
+        };
+        status.push(s.to_string());
+    }
+    if mode == KillMode::Sync {
+        for (m, s) in matched.iter().zip(status.iter_mut()) {
+            while shared.workload_of_query(m.query_id).is_some() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            *s = "finished".into();
+        }
+    }
+    rows("kill_status", status, &matched)
+}
+
+/// `MOVE QUERY … TO WORKLOAD w`: moves each matched statement, running (with what it holds) or
+/// waiting (it queues again there). Answers `move_status`, `query_id`, `user`, `query`.
+pub fn move_to(shared: &Shared, matched: Vec<Matched>, workload: &str) -> Result<RecordBatch> {
+    let snapshot = shared.snapshot();
+    if snapshot.catalog.workload(workload).is_none() {
+        return Err(Error::bad_arguments(format!(
+            "Workload '{workload}' doesn't exist (SHOW WORKLOADS lists them)"
+        )));
+    }
+    if snapshot.catalog.children_of(workload).next().is_some() {
+        return Err(Error::new(
+            ErrorCode::InvalidSchedulerNode,
+            format!("Unable to link to workload '{workload}' that has children; queries run in leaf workloads only"),
+        ));
+    }
+    let mut status = Vec::new();
+    for m in &matched {
+        status.push(match shared.move_any(m.query_id, workload) {
+            Ok(()) => format!("moved from {}", m.workload),
+            Err(_) => "finished".to_string(), // it ended meanwhile
+        });
+    }
+    rows("move_status", status, &matched)
+}
+
+/// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: stops the statement connection
+/// `pid` runs, as Postgres does; `true` when there was one.
+pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> Result<RecordBatch> {
+    let mine: Vec<_> = shared
+        .processes()
+        .into_iter()
+        .filter(|p| p.pid == Some(pid))
+        .collect();
+    if !shared.users.is_admin(by) {
+        if let Some(p) = mine.iter().find(|p| p.user != by) {
+            return Err(Error::new(
+                ErrorCode::AccessDenied,
+                format!(
+                    "{by}: Not enough privileges. Backend {pid} belongs to user '{}'; only admins signal other users' backends",
+                    p.user
+                ),
+            ));
+        }
+    }
+    let error = if terminate {
+        Error::new(
+            ErrorCode::Aborted,
+            "terminating the statement due to administrator command (pg_terminate_backend)",
+        )
+    } else {
+        Error::new(
+            ErrorCode::QueryWasCancelled,
+            "canceling statement due to user request (pg_cancel_backend)",
+        )
+    };
+    let mut any = false;
+    for p in &mine {
+        any |= shared.kill(p.query_id, error.clone());
+    }
+    RecordBatch::try_new(
+        signal_schema(terminate),
+        vec![Arc::new(
+            sluice_engine::datafusion::arrow::array::BooleanArray::from(vec![any]),
+        )],
+    )
+    .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
+}
+
+/// The columns `KILL QUERY` (`kill_status`) and `MOVE QUERY` (`move_status`) answer with.
+pub fn status_schema(status_name: &str) -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new(status_name, DataType::Utf8, false),
+        Field::new("query_id", DataType::UInt64, false),
+        Field::new("user", DataType::Utf8, false),
+        Field::new("query", DataType::Utf8, false),
+    ]))
+}
+
+/// The column `pg_cancel_backend` / `pg_terminate_backend` answer with.
+pub fn signal_schema(terminate: bool) -> Arc<Schema> {
+    let name = if terminate {
+        "pg_terminate_backend"
+    } else {
+        "pg_cancel_backend"
+    };
+    Arc::new(Schema::new(vec![Field::new(
+        name,
+        DataType::Boolean,
+        false,
+    )]))
+}
+
+fn rows(status_name: &str, status: Vec<String>, matched: &[Matched]) -> Result<RecordBatch> {
+    let schema = status_schema(status_name);
+    let columns: Vec<Arc<dyn Array>> = vec![
+        Arc::new(StringArray::from(status)),
+        Arc::new(UInt64Array::from_iter_values(
+            matched.iter().map(|m| m.query_id),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            matched.iter().map(|m| m.user.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            matched.iter().map(|m| m.query.as_str()),
+        )),
+    ];
+    RecordBatch::try_new(schema, columns)
+        .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
+}
