@@ -11,6 +11,7 @@
 mod config;
 mod dump;
 mod machine;
+mod simulate;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,49 @@ enum Command {
     Local {
         /// The script; `-` reads standard input.
         file: PathBuf,
+        /// CPU cores that `*_ratio_to_cores` and `max_cpu_share` resolve against.
+        #[arg(long)]
+        cores: Option<u32>,
+        /// Memory in bytes that `max_memory_ratio` resolves against.
+        #[arg(long)]
+        memory: Option<u64>,
+    },
+    /// Replay a trace of statements through the scheduler in virtual time against a DDL
+    /// script, and print per workload (and per fast/slow class) waits, completion times,
+    /// throughput, peak queues and demotions. `--generate reports` prints a synthetic trace.
+    Simulate {
+        /// The DDL script (workloads and resources) to simulate.
+        #[arg(required_unless_present = "generate")]
+        ddl: Option<PathBuf>,
+        /// The trace: CSV with arrival_s,user,application,workload,statement,service_s, or a
+        /// system.query_log export with its header.
+        #[arg(required_unless_present = "generate")]
+        trace: Option<PathBuf>,
+        /// A second DDL script, simulated on the same trace and printed beside the first.
+        #[arg(long)]
+        compare: Option<PathBuf>,
+        /// Print a synthetic trace instead: `reports` (library reports, the Evergreen
+        /// consortiums' run times).
+        #[arg(long, value_name = "KIND")]
+        generate: Option<String>,
+        /// With --generate: how many statements.
+        #[arg(long, default_value_t = 2000)]
+        queries: usize,
+        /// With --generate: over how many hours they arrive.
+        #[arg(long, default_value_t = 1.0)]
+        hours: f64,
+        /// With --generate: the random seed (the same seed, the same trace).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// With --generate: multiply every time by this (0.04 compresses 20 s into 0.8 s).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Statements that take at most this many seconds alone are "fast" in the class rows.
+        #[arg(long, default_value_t = 20.0)]
+        fast_under: f64,
+        /// Also print each statement's fate (where it was admitted and ended, its wait).
+        #[arg(long)]
+        each: bool,
         /// CPU cores that `*_ratio_to_cores` and `max_cpu_share` resolve against.
         #[arg(long)]
         cores: Option<u32>,
@@ -417,6 +461,84 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cores,
             memory,
         } => local(&file, cores, memory),
+        Command::Simulate {
+            ddl,
+            trace,
+            compare,
+            generate,
+            queries,
+            hours,
+            seed,
+            scale,
+            fast_under,
+            each,
+            cores,
+            memory,
+        } => {
+            if let Some(kind) = generate {
+                if kind != "reports" {
+                    anyhow::bail!("--generate {kind}: the kinds are: reports");
+                }
+                if !(hours > 0.0 && scale > 0.0 && hours.is_finite() && scale.is_finite()) {
+                    anyhow::bail!("--hours and --scale must be positive numbers");
+                }
+                print!(
+                    "{}",
+                    simulate::generate_reports(simulate::ReportsTrace {
+                        queries,
+                        hours,
+                        seed,
+                        scale,
+                    })
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            let (Some(ddl), Some(trace_path)) = (ddl, trace) else {
+                anyhow::bail!("simulate needs a DDL script and a trace (or --generate)");
+            };
+            if !(fast_under.is_finite() && fast_under >= 0.0) {
+                anyhow::bail!("--fast-under must be a number of seconds");
+            }
+            let detected = machine::detect();
+            let machine = Machine {
+                cores: cores.unwrap_or(detected.cores),
+                memory: memory.unwrap_or(detected.memory),
+            };
+            let trace = simulate::read_trace(&trace_path)?;
+            let mut results = Vec::new();
+            for script in std::iter::once(&ddl).chain(compare.as_ref()) {
+                let text = std::fs::read_to_string(script)
+                    .with_context(|| format!("cannot read {}", script.display()))?;
+                let mut catalog = Catalog::new();
+                for item in parse_script(&text) {
+                    item.result
+                        .and_then(|stmt| catalog.apply_mut(&stmt))
+                        .map_err(|e| anyhow::anyhow!("{}: {}: {e}", script.display(), item.text))?;
+                }
+                let (figures, fates) = simulate::report(
+                    &catalog,
+                    machine,
+                    &trace,
+                    std::time::Duration::from_secs_f64(fast_under),
+                )?;
+                results.push((script.display().to_string(), figures, fates));
+            }
+            println!(
+                "sluice simulate: {} statements of {}; admission only (each holds its QUERY slots for its service time alone), in virtual time",
+                trace.len(),
+                trace_path.display()
+            );
+            if each {
+                for (script, _, fates) in &results {
+                    println!("\n{script}:");
+                    print!("{}", simulate::each(fates, &trace));
+                }
+                println!();
+            }
+            let tables: Vec<_> = results.into_iter().map(|(s, f, _)| (s, f)).collect();
+            print!("{}", simulate::table(&tables));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check { dump, common } => {
             let setup = common.setup(None, false)?;
             let mut catalog = setup.catalog;

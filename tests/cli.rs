@@ -233,3 +233,121 @@ fn sluice_local_runs_scripts_in_process_and_examples_run_clean() {
     }
     assert!(ran >= 3, "only {ran} examples");
 }
+
+/// The seed's three lane configurations (and a four-slot FIFO), each replayed by `sluice
+/// simulate` on the same small trace; the output must be what `examples/reports/*.expected`
+/// holds (`REWRITE=1` rewrites them). What each shows is in `examples/reports/README.md`.
+#[test]
+fn simulate_replays_the_reports_examples_as_expected() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rewrite = std::env::var_os("REWRITE").is_some();
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples/reports"))
+        .expect("examples/reports")
+        .filter_map(|e| {
+            let name = e.expect("entry").file_name().into_string().expect("utf-8");
+            name.strip_suffix(".sql").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "fifo_1",
+            "fifo_4",
+            "lanes_1_reserved_1",
+            "lanes_4_reserved_1"
+        ]
+    );
+    for name in names {
+        let sql = format!("examples/reports/{name}.sql");
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(root)
+            .args(["simulate", "--each", &sql, "examples/reports/trace.csv"])
+            .output()
+            .expect("runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = stdout(&out);
+        let expected_path = root.join(format!("examples/reports/{name}.expected"));
+        if rewrite {
+            std::fs::write(&expected_path, &got).expect("rewrite");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path).expect("expected output");
+        assert_eq!(
+            got, expected,
+            "{name}: rerun with REWRITE=1 if the change is meant"
+        );
+    }
+
+    // In the second burst four learned slow reports arrive before three fast ones: with four
+    // FIFO slots the fast ones wait a minute; with one slot kept for them, they do not.
+    let fate = |name: &str, n: &str| -> String {
+        let text = std::fs::read_to_string(root.join(format!("examples/reports/{name}.expected")))
+            .expect("expected output");
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{n} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        fate("fifo_4", "13").contains("57.00s"),
+        "{}",
+        fate("fifo_4", "13")
+    );
+    assert!(
+        fate("lanes_4_reserved_1", "13").contains("reports       reports            0"),
+        "{}",
+        fate("lanes_4_reserved_1", "13")
+    );
+
+    // A synthetic trace is the same for the same seed.
+    let a = sluice(
+        &[
+            "simulate",
+            "--generate",
+            "reports",
+            "--queries",
+            "5",
+            "--seed",
+            "3",
+        ],
+        None,
+    );
+    let b = sluice(
+        &[
+            "simulate",
+            "--generate",
+            "reports",
+            "--queries",
+            "5",
+            "--seed",
+            "3",
+        ],
+        None,
+    );
+    assert_eq!(stdout(&a), stdout(&b));
+    assert_eq!(stdout(&a).lines().count(), 6);
+    assert!(stdout(&a).starts_with("arrival_s,user,application,workload,statement,service_s\n"));
+
+    // A trace that is not one says what it lacks.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "when,what\n1,2\n").expect("write");
+    let out = sluice(
+        &[
+            "simulate",
+            root.join("examples/reports/fifo_1.sql")
+                .to_str()
+                .expect("utf-8"),
+            bad.to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no column 'workload'"), "{err}");
+}

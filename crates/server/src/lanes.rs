@@ -80,7 +80,8 @@ pub struct Run {
 /// The learned lanes of one data dir.
 #[derive(Debug)]
 pub struct LaneBook {
-    path: PathBuf,
+    /// Where the lanes are saved; `None`: kept in memory only (`sluice simulate`).
+    path: Option<PathBuf>,
     state: Mutex<State>,
 }
 
@@ -123,9 +124,17 @@ impl LaneBook {
             }
         }
         Ok(LaneBook {
-            path,
+            path: Some(path),
             state: Mutex::new(state),
         })
+    }
+
+    /// A book that saves nothing (a simulation's).
+    pub fn in_memory() -> LaneBook {
+        LaneBook {
+            path: None,
+            state: Mutex::default(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -170,14 +179,9 @@ impl LaneBook {
             entry.recent.pop_front();
         }
         let mut changed = false;
-        if let Some(to) = run.demoted_to {
-            entry.demotions += 1;
+        if run.demoted_to.is_some() {
+            // Learned when it was demoted ([`LaneBook::demoted`]); a slow run breaks a streak.
             entry.fast_streak = 0;
-            if !entry.pinned && entry.lane.as_deref() != Some(to.as_str()) {
-                tracing::info!(fingerprint = %fingerprint.id, lane = %to, "learned: runs slow");
-                entry.lane = Some(to);
-                changed = true;
-            }
         } else if entry.lane.is_some() && !entry.pinned {
             if run.fast {
                 entry.fast_streak += 1;
@@ -195,6 +199,28 @@ impl LaneBook {
             self.save(&state)?;
         }
         Ok(())
+    }
+
+    /// A run of `fingerprint` was just demoted to `to`: from now on its runs are admitted there
+    /// (unless it is pinned elsewhere). Learned at once, not when the run ends, so the next run
+    /// — maybe already arriving — goes to the slow lane.
+    pub fn demoted(&self, fingerprint: &Fingerprint, sample_query: &str, to: &str) -> Result<()> {
+        let mut state = self.lock();
+        state.clock += 1;
+        let clock = state.clock;
+        let entry = state.entries.entry(fingerprint.id.clone()).or_default();
+        if entry.sample_query.is_empty() {
+            entry.sample_query = sample_query.chars().take(1000).collect();
+        }
+        entry.demotions += 1;
+        entry.fast_streak = 0;
+        entry.last_seen = clock;
+        if entry.pinned || entry.lane.as_deref() == Some(to) {
+            return Ok(());
+        }
+        tracing::info!(fingerprint = %fingerprint.id, lane = %to, "learned: runs slow");
+        entry.lane = Some(to.to_string());
+        self.save(&state)
     }
 
     /// Pins fingerprint `id` to `workload` (its runs go there until forgotten).
@@ -236,6 +262,9 @@ impl LaneBook {
 
     /// Writes the fingerprints with a lane (the others are statistics only).
     fn save(&self, state: &State) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
         let mut text = String::from(HEADER);
         text.push('\n');
         for (id, e) in &state.entries {
@@ -250,7 +279,24 @@ impl LaneBook {
                 escape(&e.sample_query)
             ));
         }
-        sluice_catalog::write_atomically(&self.path, text.as_bytes())
+        sluice_catalog::write_atomically(path, text.as_bytes())
+    }
+}
+
+/// Where a statement asked to run in `requested` is admitted: the lane its fingerprint is
+/// pinned to, or the lane it was learned to need when `requested` demotes there (`demotion`),
+/// else `requested`. A user pinned to a workload (`user_pinned`) stays in it.
+pub fn lane_for(
+    book: &LaneBook,
+    user_pinned: bool,
+    requested: &str,
+    demotion: Option<&sluice_catalog::Demotion>,
+    fingerprint: &Fingerprint,
+) -> String {
+    match book.lane(&fingerprint.id) {
+        Some((lane, true)) if !user_pinned => lane,
+        Some((lane, false)) if demotion.is_some_and(|d| d.to == lane) => lane,
+        _ => requested.to_string(),
     }
 }
 
@@ -368,16 +414,18 @@ mod tests {
         book.record(&fp, "SELECT …\twith a tab", run(10, None))
             .expect("records");
         assert_eq!(book.lane(&fp.id), None);
+        book.demoted(&fp, "x", "slow").expect("learns");
+        assert_eq!(book.lane(&fp.id), Some(("slow".into(), false)));
         book.record(&fp, "x", run(30_000, Some("slow")))
             .expect("records");
-        assert_eq!(book.lane(&fp.id), Some(("slow".into(), false)));
 
         let book = LaneBook::open(dir.path()).expect("reopens");
         assert_eq!(book.lane(&fp.id), Some(("slow".into(), false)));
+        // Statistics are saved with lane changes: as they were when it was learned.
         let (_, entry) = book.entries().remove(0);
         assert_eq!(
             (entry.runs, entry.demotions, entry.sample_query.as_str()),
-            (2, 1, "SELECT …\twith a tab")
+            (1, 1, "SELECT …\twith a tab")
         );
         // Two fast runs in a row (relearn_after = 2) forget it; a slow one between resets.
         book.record(&fp, "x", run(5, None)).expect("records");

@@ -39,6 +39,7 @@ pub mod params;
 pub mod query_log;
 pub mod record;
 pub mod session;
+pub mod simulate;
 pub mod state;
 pub mod system;
 pub mod watch;

@@ -768,9 +768,7 @@ impl Connection {
         result
     }
 
-    /// Where a statement asked to run in `requested` is admitted: the lane its fingerprint is
-    /// pinned to, or the lane it was learned to need when `requested` demotes there, else
-    /// `requested`. A user pinned to a workload stays in it.
+    /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
     fn lane_of(
         &self,
         user: &str,
@@ -783,11 +781,13 @@ impl Connection {
             .users
             .get(user)
             .is_some_and(|u| u.pinned_workload.is_some());
-        match self.shared.lanes.lane(&fingerprint.id) {
-            Some((lane, true)) if !user_pinned => lane,
-            Some((lane, false)) if demotion.is_some_and(|d| d.to == lane) => lane,
-            _ => requested.to_string(),
-        }
+        crate::lanes::lane_for(
+            &self.shared.lanes,
+            user_pinned,
+            requested,
+            demotion,
+            fingerprint,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

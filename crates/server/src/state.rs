@@ -451,13 +451,15 @@ impl Shared {
     /// Demotes running query `query_id` to `to` ([`Shared::move_query`]), noting where it came
     /// from and when for `system.processes` and the query log.
     pub fn demote(&self, query_id: u64, to: &str) -> Result<()> {
-        let grant = self
+        let found = self
             .processes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&query_id)
-            .and_then(|p| p.grant.clone());
-        let Some(grant) = grant else { return Ok(()) }; // it ended meanwhile
+            .and_then(|p| Some((p.grant.clone()?, p.query.clone())));
+        let Some((grant, query)) = found else {
+            return Ok(());
+        }; // it ended meanwhile
         let from = grant
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -471,6 +473,8 @@ impl Shared {
         }
         drop(held);
         tracing::info!(query_id, from = %from, to, "query demoted: it overran demote_after");
+        self.lanes
+            .demoted(&sluice_sql::fingerprint(&query), &query, to)?;
         Ok(())
     }
 

@@ -1,0 +1,334 @@
+//! `sluice simulate`: a trace of statements replayed through the same scheduler code the server
+//! runs — the compiled trees, `ResourceScheduler` admission, permits that move on demotion, the
+//! learned lanes' book — in virtual time (tokio's paused clock), so a day of reports takes
+//! seconds.
+//!
+//! What is simulated is admission: each statement holds its QUERY slots for its service time
+//! (the time it takes alone), as sluice would hold them. The engine is not: service times do
+//! not stretch when statements share a CPU. That is the model the lanes problem needs (slots
+//! are what fast reports wait for) and it says so wherever it is printed.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_catalog::Catalog;
+use sluice_sched::{compile, Machine, Permit, ResourceScheduler, TokioClock};
+use sluice_sql::{CostUnit, Error, ErrorCode, Fingerprint, Result};
+
+use crate::lanes::{lane_for, LaneBook, Run};
+
+/// One statement of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrival {
+    /// From the start of the trace.
+    pub at: Duration,
+    pub user: String,
+    pub application: String,
+    /// The workload it asks for (`None`: `default`).
+    pub workload: Option<String>,
+    /// Its text, or a fingerprint (16 hex digits).
+    pub statement: String,
+    /// How long it runs alone.
+    pub service: Duration,
+}
+
+/// How one statement of the trace fared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fate {
+    /// Its index in the trace.
+    pub index: usize,
+    /// The workload it asked for.
+    pub requested: String,
+    /// Where it was admitted (its learned or pinned lane, or `requested`).
+    pub admitted_in: String,
+    /// Where it ended (after demotions).
+    pub ended_in: String,
+    pub waited: Duration,
+    /// From arrival to its end.
+    pub completed: Duration,
+    pub service: Duration,
+    pub demoted: bool,
+    pub outcome: Outcome,
+}
+
+/// How a simulated statement ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// `max_waiting_queries` was full: SERVER_OVERLOADED.
+    Rejected,
+    /// It outlived its `max_execution_time`.
+    TimedOut,
+}
+
+/// The most statements waiting at once, per workload.
+pub type PeakQueues = BTreeMap<String, usize>;
+
+/// The fingerprint of a trace's statement: its text's, or the fingerprint it already is.
+fn fingerprint_of(statement: &str) -> Fingerprint {
+    let s = statement.trim();
+    if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Fingerprint {
+            id: s.to_ascii_lowercase(),
+            text: s.to_string(),
+        };
+    }
+    sluice_sql::fingerprint(s)
+}
+
+/// Replays `trace` against `catalog` (a fresh learned-lanes book: what the trace teaches it,
+/// it uses for the trace's later statements). The fates come in trace order.
+pub fn simulate(
+    catalog: &Catalog,
+    machine: Machine,
+    trace: &[Arrival],
+) -> Result<(Vec<Fate>, PeakQueues)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::InternalError,
+                format!("cannot start a runtime: {e}"),
+            )
+        })?;
+    runtime.block_on(replay(catalog, machine, trace))
+}
+
+#[derive(Debug, Default)]
+struct Queues {
+    now: BTreeMap<String, usize>,
+    peak: PeakQueues,
+}
+
+async fn replay(
+    catalog: &Catalog,
+    machine: Machine,
+    trace: &[Arrival],
+) -> Result<(Vec<Fate>, PeakQueues)> {
+    let trees = compile(catalog, machine)?;
+    let schedulers: Arc<Vec<ResourceScheduler>> = Arc::new(
+        trees
+            .trees
+            .iter()
+            .filter(|t| t.unit == CostUnit::QuerySlot)
+            .map(|t| ResourceScheduler::new(t, Arc::new(TokioClock)))
+            .collect(),
+    );
+    let catalog = Arc::new(catalog.clone());
+    let book = Arc::new(LaneBook::in_memory());
+    let queues = Arc::new(Mutex::new(Queues::default()));
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(trace.len());
+    for (index, arrival) in trace.iter().cloned().enumerate() {
+        let (schedulers, catalog, book, queues) = (
+            schedulers.clone(),
+            catalog.clone(),
+            book.clone(),
+            queues.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + arrival.at).await;
+            one(index, arrival, &schedulers, &catalog, &book, &queues).await
+        }));
+    }
+    let mut fates = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        fates.push(task.await.map_err(|e| {
+            Error::new(
+                ErrorCode::InternalError,
+                format!("a simulated statement failed: {e}"),
+            )
+        })??);
+    }
+    let peak = std::mem::take(&mut queues.lock().unwrap_or_else(|p| p.into_inner()).peak);
+    Ok((fates, peak))
+}
+
+/// One statement's life: its lane, admission on every QUERY resource, its run with its
+/// demotions, its hard limit; then what it taught the book.
+async fn one(
+    index: usize,
+    arrival: Arrival,
+    schedulers: &[ResourceScheduler],
+    catalog: &Catalog,
+    book: &LaneBook,
+    queues: &Mutex<Queues>,
+) -> Result<Fate> {
+    let arrived = tokio::time::Instant::now();
+    let requested = arrival.workload.clone().unwrap_or_else(|| "default".into());
+    let judged_by = catalog.lanes(&requested).demotion;
+    let fingerprint = fingerprint_of(&arrival.statement);
+    let admitted_in = lane_for(book, false, &requested, judged_by.as_ref(), &fingerprint);
+    let mut fate = Fate {
+        index,
+        requested,
+        admitted_in: admitted_in.clone(),
+        ended_in: admitted_in.clone(),
+        waited: Duration::ZERO,
+        completed: Duration::ZERO,
+        service: arrival.service,
+        demoted: false,
+        outcome: Outcome::Ok,
+    };
+    let mut permits: Vec<(&ResourceScheduler, Permit)> = Vec::new();
+    for scheduler in schedulers {
+        if !scheduler.has_workload(&admitted_in) {
+            continue;
+        }
+        let mut acquire = match scheduler.acquire(&admitted_in, 1) {
+            Ok(a) => a,
+            Err(e) if e.code == ErrorCode::ServerOverloaded => {
+                fate.outcome = Outcome::Rejected;
+                fate.completed = arrived.elapsed();
+                return Ok(fate);
+            }
+            Err(e) => return Err(e),
+        };
+        let waits = !acquire.is_granted();
+        if waits {
+            let mut q = queues.lock().unwrap_or_else(|p| p.into_inner());
+            let n = q.now.entry(admitted_in.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            let peak = q.peak.entry(admitted_in.clone()).or_default();
+            *peak = (*peak).max(n);
+        }
+        let permit = acquire.await;
+        if waits {
+            let mut q = queues.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = q.now.get_mut(&admitted_in) {
+                *n -= 1;
+            }
+        }
+        permits.push((scheduler, permit?));
+    }
+    let admitted = tokio::time::Instant::now();
+    fate.waited = admitted - arrived;
+    let limit = catalog.lanes(&admitted_in).max_execution_time;
+    let mut end = admitted + arrival.service;
+    if let Some(limit) = limit.filter(|l| *l < arrival.service) {
+        end = admitted + limit;
+        fate.outcome = Outcome::TimedOut;
+    }
+    // Demotions due before it ends, as `lanes::demote_when_due` makes them.
+    while let Some(due) = catalog.lanes(&fate.ended_in).demotion {
+        if admitted + due.after >= end {
+            break;
+        }
+        tokio::time::sleep_until(admitted + due.after).await;
+        for (scheduler, permit) in &mut permits {
+            permit.move_to(scheduler, &due.to)?;
+        }
+        book.demoted(&fingerprint, &arrival.statement, &due.to)?;
+        fate.ended_in = due.to;
+        fate.demoted = true;
+    }
+    tokio::time::sleep_until(end).await;
+    drop(permits);
+    fate.completed = arrived.elapsed();
+    let ran = end - admitted;
+    book.record(
+        &fingerprint,
+        &arrival.statement,
+        Run {
+            ms: ran.as_millis() as u64,
+            demoted_to: fate.demoted.then(|| fate.ended_in.clone()),
+            fast: fate.outcome == Outcome::Ok
+                && !fate.demoted
+                && judged_by.as_ref().is_none_or(|d| ran < d.after),
+            relearn_after: judged_by
+                .as_ref()
+                .map_or(sluice_catalog::lanes::DEFAULT_RELEARN_AFTER, |d| {
+                    d.relearn_after
+                }),
+        },
+    )?;
+    Ok(fate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog(sql: &str) -> Catalog {
+        let mut c = Catalog::new();
+        for stmt in sluice_sql::parse_script(sql) {
+            c.apply_mut(&stmt.result.expect("parses")).expect("valid");
+        }
+        c
+    }
+
+    fn arrival(at_ms: u64, statement: &str, service_ms: u64) -> Arrival {
+        Arrival {
+            at: Duration::from_millis(at_ms),
+            user: "u".into(),
+            application: String::new(),
+            workload: Some("fast".into()),
+            statement: statement.into(),
+            service: Duration::from_millis(service_ms),
+        }
+    }
+
+    const MACHINE: Machine = Machine {
+        cores: 4,
+        memory: 1 << 34,
+    };
+
+    #[test]
+    fn a_slow_statement_is_demoted_then_learned_and_fast_ones_pass_it() {
+        let c = catalog(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2;
+             CREATE WORKLOAD slow IN all SETTINGS max_concurrent_queries = 1;
+             CREATE WORKLOAD fast IN all SETTINGS demote_after = 1, demote_to = 'slow'",
+        );
+        let trace = [
+            arrival(0, "SELECT big FROM t WHERE d = 1", 10_000),
+            arrival(100, "SELECT small FROM t", 500),
+            arrival(2_000, "SELECT big FROM t WHERE d = 2", 10_000),
+            arrival(2_100, "SELECT small FROM t", 500),
+        ];
+        let (fates, peak) = simulate(&c, MACHINE, &trace).expect("simulates");
+        let f = |i: usize| &fates[i];
+        // The first big one runs in fast, is demoted at 1 s, ends in slow at 10 s.
+        assert_eq!(
+            (
+                f(0).admitted_in.as_str(),
+                f(0).ended_in.as_str(),
+                f(0).demoted
+            ),
+            ("fast", "slow", true)
+        );
+        assert_eq!(f(0).completed, Duration::from_millis(10_000));
+        assert_eq!(f(1).waited, Duration::ZERO);
+        // The second big one was learned: admitted straight into slow, where it waits for
+        // the first (slow's one slot) until 10 s.
+        assert_eq!((f(2).admitted_in.as_str(), f(2).demoted), ("slow", false));
+        assert_eq!(f(2).waited, Duration::from_millis(8_000));
+        // The small one is not held up by either.
+        assert_eq!(f(3).waited, Duration::ZERO);
+        assert_eq!(peak.get("slow"), Some(&1));
+    }
+
+    #[test]
+    fn the_hard_limit_and_full_queues_are_simulated() {
+        let c = catalog(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+             CREATE WORKLOAD fast IN all SETTINGS max_waiting_queries = 1, max_execution_time = 2",
+        );
+        let trace = [
+            arrival(0, "a", 5_000),
+            arrival(10, "b", 100),
+            arrival(20, "c", 100),
+        ];
+        let (fates, _) = simulate(&c, MACHINE, &trace).expect("simulates");
+        assert_eq!(fates[0].outcome, Outcome::TimedOut);
+        assert_eq!(fates[0].completed, Duration::from_secs(2));
+        assert_eq!(fates[1].waited, Duration::from_millis(1_990));
+        assert_eq!(fates[2].outcome, Outcome::Rejected);
+    }
+}
