@@ -305,8 +305,8 @@ fn simulate_replays_the_reports_examples_as_expected() {
     );
 
     // A synthetic trace is the same for the same seed.
-    let a = sluice(
-        &[
+    let generate = || {
+        let args = [
             "simulate",
             "--generate",
             "reports",
@@ -314,21 +314,10 @@ fn simulate_replays_the_reports_examples_as_expected() {
             "5",
             "--seed",
             "3",
-        ],
-        None,
-    );
-    let b = sluice(
-        &[
-            "simulate",
-            "--generate",
-            "reports",
-            "--queries",
-            "5",
-            "--seed",
-            "3",
-        ],
-        None,
-    );
+        ];
+        sluice(&args, None)
+    };
+    let (a, b) = (generate(), generate());
     assert_eq!(stdout(&a), stdout(&b));
     assert_eq!(stdout(&a).lines().count(), 6);
     assert!(stdout(&a).starts_with("arrival_s,user,application,workload,statement,service_s\n"));

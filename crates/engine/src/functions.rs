@@ -18,7 +18,8 @@ use datafusion::logical_expr::{
 
 /// Registers sluice's functions in `ctx`.
 pub(crate) fn register(ctx: &SessionContext) {
-    ctx.register_udf(AsyncScalarUDF::new(Arc::new(PgSleep::new())).into_scalar_udf());
+    let pg_sleep = VoidFunction::new("pg_sleep", DataType::Float64, PgSleep);
+    ctx.register_udf(AsyncScalarUDF::new(Arc::new(pg_sleep)).into_scalar_udf());
 }
 
 /// Named gates a test opens: `SELECT sluice_barrier('b')` waits, holding whatever its query
@@ -89,35 +90,51 @@ impl Barriers {
 
 /// Registers `sluice_barrier(name)` in `ctx`, waiting on `barriers`.
 pub(crate) fn register_barriers(ctx: &SessionContext, barriers: Barriers) {
-    let udf = SluiceBarrier {
-        signature: Signature::uniform(1, vec![DataType::Utf8], Volatility::Volatile),
-        barriers,
-    };
+    let udf = VoidFunction::new("sluice_barrier", DataType::Utf8, SluiceBarrier(barriers));
     ctx.register_udf(AsyncScalarUDF::new(Arc::new(udf)).into_scalar_udf());
 }
 
-/// `sluice_barrier(name)`: waits at gate `name` once per row, returns NULL.
+/// What a [`VoidFunction`] does with each row's argument.
+#[async_trait]
+trait RowAction: Send + Sync + std::fmt::Debug + 'static {
+    async fn run(&self, argument: ScalarValue);
+}
+
+/// A volatile function of one argument, run asynchronously once per row (never blocking a
+/// thread), that returns NULL as Postgres' `void` functions do.
 #[derive(Debug)]
-struct SluiceBarrier {
+struct VoidFunction<A> {
+    name: &'static str,
     signature: Signature,
-    barriers: Barriers,
+    action: A,
 }
 
-impl PartialEq for SluiceBarrier {
+impl<A: RowAction> VoidFunction<A> {
+    fn new(name: &'static str, argument: DataType, action: A) -> Self {
+        VoidFunction {
+            name,
+            signature: Signature::uniform(1, vec![argument], Volatility::Volatile),
+            action,
+        }
+    }
+}
+
+// One function per name in a session: equal and hashed by name.
+impl<A> PartialEq for VoidFunction<A> {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.barriers.gates, &other.barriers.gates)
+        self.name == other.name
     }
 }
-impl Eq for SluiceBarrier {}
-impl std::hash::Hash for SluiceBarrier {
+impl<A> Eq for VoidFunction<A> {}
+impl<A> std::hash::Hash for VoidFunction<A> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "sluice_barrier".hash(state);
+        self.name.hash(state);
     }
 }
 
-impl ScalarUDFImpl for SluiceBarrier {
+impl<A: RowAction> ScalarUDFImpl for VoidFunction<A> {
     fn name(&self) -> &str {
-        "sluice_barrier"
+        self.name
     }
     fn signature(&self) -> &Signature {
         &self.signature
@@ -129,96 +146,57 @@ impl ScalarUDFImpl for SluiceBarrier {
         &self,
         _args: ScalarFunctionArgs,
     ) -> datafusion::error::Result<ColumnarValue> {
-        Err(DataFusionError::Internal(
-            "sluice_barrier runs asynchronously".into(),
-        ))
+        Err(DataFusionError::Internal(format!(
+            "{} runs asynchronously",
+            self.name
+        )))
     }
 }
 
 #[async_trait]
-impl AsyncScalarUDFImpl for SluiceBarrier {
+impl<A: RowAction> AsyncScalarUDFImpl for VoidFunction<A> {
     async fn invoke_async_with_args(
         &self,
         args: ScalarFunctionArgs,
     ) -> datafusion::error::Result<ColumnarValue> {
         let rows = args.number_rows;
-        let names: Vec<String> = match args.args.first() {
-            Some(ColumnarValue::Scalar(v)) => {
-                vec![v.to_string(); rows.max(1)]
-            }
+        let values: Vec<ScalarValue> = match args.args.first() {
+            Some(ColumnarValue::Scalar(v)) => vec![v.clone(); rows.max(1)],
             Some(ColumnarValue::Array(a)) => (0..a.len())
-                .map(|i| ScalarValue::try_from_array(a, i).map(|v| v.to_string()))
+                .map(|i| ScalarValue::try_from_array(a, i))
                 .collect::<datafusion::error::Result<_>>()?,
             None => Vec::new(),
         };
-        for name in names {
-            self.barriers.pass(&name).await;
+        for value in values {
+            self.action.run(value).await;
         }
         let nulls: ArrayRef = Arc::new(StringArray::from(vec![None::<&str>; rows]));
         Ok(ColumnarValue::Array(nulls))
     }
 }
 
-/// `pg_sleep(seconds)`: sleeps without blocking a thread, returns NULL (Postgres' `void`).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct PgSleep {
-    signature: Signature,
-}
-
-impl PgSleep {
-    fn new() -> Self {
-        PgSleep {
-            signature: Signature::uniform(1, vec![DataType::Float64], Volatility::Volatile),
-        }
-    }
-}
-
-impl ScalarUDFImpl for PgSleep {
-    fn name(&self) -> &str {
-        "pg_sleep"
-    }
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
-        Ok(DataType::Utf8)
-    }
-    fn invoke_with_args(
-        &self,
-        _args: ScalarFunctionArgs,
-    ) -> datafusion::error::Result<ColumnarValue> {
-        Err(DataFusionError::Internal(
-            "pg_sleep runs asynchronously".into(),
-        ))
-    }
-}
+/// `sluice_barrier(name)`: waits at gate `name` once per row.
+#[derive(Debug)]
+struct SluiceBarrier(Barriers);
 
 #[async_trait]
-impl AsyncScalarUDFImpl for PgSleep {
-    async fn invoke_async_with_args(
-        &self,
-        args: ScalarFunctionArgs,
-    ) -> datafusion::error::Result<ColumnarValue> {
-        let rows = args.number_rows;
-        let seconds: Vec<f64> = match args.args.first() {
-            Some(ColumnarValue::Scalar(ScalarValue::Float64(v))) => {
-                vec![v.unwrap_or(0.0); rows.max(1)]
-            }
-            Some(ColumnarValue::Array(a)) => {
-                let a = a
-                    .as_any()
-                    .downcast_ref::<datafusion::arrow::array::Float64Array>()
-                    .ok_or_else(|| DataFusionError::Internal("pg_sleep takes seconds".into()))?;
-                a.iter().map(|v| v.unwrap_or(0.0)).collect()
-            }
-            _ => vec![0.0],
-        };
-        for s in seconds {
+impl RowAction for SluiceBarrier {
+    async fn run(&self, argument: ScalarValue) {
+        self.0.pass(&argument.to_string()).await;
+    }
+}
+
+/// `pg_sleep(seconds)`: sleeps without blocking a thread.
+#[derive(Debug)]
+struct PgSleep;
+
+#[async_trait]
+impl RowAction for PgSleep {
+    async fn run(&self, argument: ScalarValue) {
+        if let ScalarValue::Float64(Some(s)) = argument {
             if s.is_finite() && s > 0.0 {
                 tokio::time::sleep(Duration::from_secs_f64(s)).await;
             }
         }
-        let nulls: ArrayRef = Arc::new(StringArray::from(vec![None::<&str>; rows]));
-        Ok(ColumnarValue::Array(nulls))
     }
 }

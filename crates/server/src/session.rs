@@ -430,13 +430,7 @@ impl Connection {
                 Ok(Outcome::Command(Tag::new(tag)))
             }
             ClientStatement::KillQuery { predicate, mode } => {
-                let matched = crate::operator::matching(
-                    &self.shared,
-                    self.session.as_ref(),
-                    user,
-                    &predicate,
-                )
-                .await?;
+                let matched = self.matching(user, &predicate).await?;
                 let batch = crate::operator::kill(&self.shared, user, matched, mode).await?;
                 Ok(batch_outcome(batch))
             }
@@ -444,13 +438,7 @@ impl Connection {
                 predicate,
                 workload,
             } => {
-                let matched = crate::operator::matching(
-                    &self.shared,
-                    self.session.as_ref(),
-                    user,
-                    &predicate,
-                )
-                .await?;
+                let matched = self.matching(user, &predicate).await?;
                 Ok(batch_outcome(crate::operator::move_to(
                     &self.shared,
                     matched,
@@ -766,6 +754,11 @@ impl Connection {
             record.failed(e);
         }
         result
+    }
+
+    /// The statements `predicate` matches in `system.processes` that `user` may act on.
+    async fn matching(&self, user: &str, predicate: &str) -> Result<Vec<crate::operator::Matched>> {
+        crate::operator::matching(&self.shared, self.session.as_ref(), user, predicate).await
     }
 
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).

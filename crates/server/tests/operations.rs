@@ -427,12 +427,7 @@ async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
         .simple_query("KILL QUERY WHERE query LIKE '%sluice_barrier%'")
         .await
         .expect_err("not hers");
-    assert_eq!(sqlstate(&e), "42501");
-    assert!(
-        message(&e).contains("other users (root)"),
-        "{}",
-        message(&e)
-    );
+    assert_refused(&e, "42501", "other users (root)");
     assert_eq!(server.barriers.waiting("root"), 1, "nothing was killed");
 
     // dana moves her own waiting statement to slow: it leaves fast's queue and runs there.
@@ -452,12 +447,7 @@ async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
     .await;
     assert_eq!(killed, ["finished"]);
     let e = dana_waits.await.expect("task").expect_err("killed");
-    assert_eq!(sqlstate(&e), "57014");
-    assert!(
-        message(&e).contains("KILL QUERY by user 'root'"),
-        "{}",
-        message(&e)
-    );
+    assert_refused(&e, "57014", "KILL QUERY by user 'root'");
 
     // A waiting statement is killed too, leaving its queue.
     let waits = {

@@ -189,6 +189,17 @@ pub async fn assert_nothing_held(admin: &Client) {
     );
 }
 
+/// `e` is a server error with SQLSTATE `state` whose message contains `says`.
+#[track_caller]
+pub fn assert_refused(e: &tokio_postgres::Error, state: &str, says: &str) {
+    assert_eq!(sqlstate(e), state, "{e}");
+    assert!(
+        message(e).contains(says),
+        "wanted {says:?} in: {}",
+        message(e)
+    );
+}
+
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map(|d| d.code().code().to_string())
