@@ -47,6 +47,8 @@ pub struct UserConfig {
     pub admin: bool,
     pub default_workload: Option<String>,
     pub pinned_workload: Option<String>,
+    /// This user's default hard limit, in seconds (a query's own setting wins).
+    pub max_execution_time: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -291,14 +291,25 @@ fn serve(
     let users = config
         .users
         .iter()
-        .map(|u| sluice_server::auth::User {
-            name: u.name.clone(),
-            scram: u.scram.clone(),
-            admin: u.admin,
-            default_workload: u.default_workload.clone(),
-            pinned_workload: u.pinned_workload.clone(),
+        .map(|u| {
+            let max_execution_time = match u.max_execution_time {
+                None => None,
+                Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+                Some(s) => anyhow::bail!(
+                    "[[users]] '{}': max_execution_time must be a positive number of seconds, got {s}",
+                    u.name
+                ),
+            };
+            Ok(sluice_server::auth::User {
+                name: u.name.clone(),
+                scram: u.scram.clone(),
+                admin: u.admin,
+                default_workload: u.default_workload.clone(),
+                pinned_workload: u.pinned_workload.clone(),
+                max_execution_time,
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics_addr: Option<std::net::SocketAddr> = match &config.metrics.listen {
         Some(m) => Some(m.parse().with_context(|| {
             format!("metrics.listen: '{m}' is not an address like 127.0.0.1:9187")

@@ -44,6 +44,8 @@ pub struct User {
     /// The only workload this user's queries may run in; naming another is
     /// SETTING_CONSTRAINT_VIOLATION.
     pub pinned_workload: Option<String>,
+    /// The hard limit of this user's queries when the query sets none (before the workload's).
+    pub max_execution_time: Option<std::time::Duration>,
 }
 
 /// A parsed verifier.
@@ -373,6 +375,7 @@ mod tests {
             admin: false,
             default_workload: None,
             pinned_workload: None,
+            max_execution_time: None,
         }
     }
 

@@ -461,3 +461,125 @@ mod tests {
         assert!(e.message.contains("line 1"), "{}", e.message);
     }
 }
+
+#[cfg(test)]
+mod demotion_tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use sluice_sched::Machine;
+
+    use crate::state::{Attachment, Grant, Shared};
+    use crate::ServerOptions;
+
+    /// A statement admitted in `workload` the way `Connection::admit_and_run` admits one.
+    fn admit(
+        shared: &Arc<Shared>,
+        workload: &str,
+    ) -> (crate::state::ProcessGuard, Arc<Mutex<Grant>>) {
+        let guard = shared.register("u", workload, "SELECT slow_report()", None);
+        let snapshot = shared.snapshot();
+        let mut attachments = Vec::new();
+        for (resource, scheduler) in &snapshot.schedulers {
+            let mut acquire = scheduler.acquire(workload, 1).expect("queues");
+            assert!(acquire.is_granted(), "{workload} has a free slot");
+            let permit = futures::executor::block_on(&mut acquire).expect("granted");
+            attachments.push(Attachment {
+                resource: resource.clone(),
+                permit,
+                in_flight: shared
+                    .metrics
+                    .series(resource, workload)
+                    .admitted(Duration::ZERO),
+            });
+        }
+        let grant = Arc::new(Mutex::new(Grant {
+            workload: workload.into(),
+            attachments,
+            demoted: None,
+        }));
+        guard.running(grant.clone());
+        (guard, grant)
+    }
+
+    /// The requests `workload`'s concurrency limit holds.
+    fn inflight(shared: &Shared, workload: &str) -> i64 {
+        let snapshot = shared.snapshot();
+        snapshot
+            .schedulers
+            .values()
+            .flat_map(|s| s.nodes())
+            .find(|n| n.type_name == "inflight_limit" && n.path.contains(&format!("/{workload}/")))
+            .and_then(|n| n.inflight_requests)
+            .unwrap_or(-1)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_query_moves_at_its_deadline_and_counts_in_the_slow_lane_after() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = Shared::open(ServerOptions::new(
+            dir.path(),
+            Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+        ))
+        .expect("opens");
+        for ddl in [
+            "CREATE RESOURCE q (QUERY)",
+            "CREATE WORKLOAD all",
+            "CREATE WORKLOAD slow IN all SETTINGS max_concurrent_queries = 1",
+            "CREATE WORKLOAD fast IN all SETTINGS max_concurrent_queries = 1, demote_after = '20s', demote_to = 'slow'",
+        ] {
+            shared
+                .apply_ddl(&sluice_sql::parse_statement(ddl).expect("parses"))
+                .await
+                .expect("applies");
+        }
+        // One runs in slow already; the report starts in fast.
+        let (_slow_one, _) = admit(&shared, "slow");
+        let (report, grant) = admit(&shared, "fast");
+        let timer = tokio::spawn(super::demote_when_due(
+            shared.clone(),
+            report.query_id,
+            tokio::time::Instant::now(),
+        ));
+        tokio::time::sleep(Duration::from_millis(19_999)).await;
+        assert_eq!(
+            shared.workload_of_query(report.query_id).as_deref(),
+            Some("fast")
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::task::yield_now().await;
+        // Moved at the deadline, with its slot: fast is free, slow is over its limit of 1.
+        assert_eq!(
+            shared.workload_of_query(report.query_id).as_deref(),
+            Some("slow")
+        );
+        assert_eq!(
+            grant
+                .lock()
+                .expect("grant")
+                .demoted
+                .as_ref()
+                .map(|(f, _)| f.as_str()),
+            Some("fast")
+        );
+        assert_eq!(inflight(&shared, "slow"), 2);
+        assert_eq!(inflight(&shared, "fast"), 0);
+        timer
+            .await
+            .expect("the timer ends: slow demotes no further");
+        // New admissions in slow wait until it is back under its limit; fast admits at once.
+        let snapshot = shared.snapshot();
+        let scheduler = snapshot.schedulers.values().next().expect("q");
+        assert!(!scheduler.acquire("slow", 1).expect("queues").is_granted());
+        assert!(scheduler.acquire("fast", 1).expect("queues").is_granted());
+        // Learned: the next run of the statement goes straight to slow.
+        let fingerprint = sluice_sql::fingerprint("SELECT slow_report()");
+        assert_eq!(
+            shared.lanes.lane(&fingerprint.id),
+            Some(("slow".to_string(), false))
+        );
+    }
+}

@@ -897,8 +897,16 @@ impl Connection {
         let options = ExecuteOptions {
             target_partitions: settings.max_threads,
         };
-        // The hard limit: the query's own, else its workload's.
-        let limit = settings.max_execution_time.or(lanes.max_execution_time);
+        // The hard limit: the query's own, else its user's, else its workload's.
+        let limit = settings
+            .max_execution_time
+            .or_else(|| {
+                self.shared
+                    .users
+                    .get(user)
+                    .and_then(|u| u.max_execution_time)
+            })
+            .or(lanes.max_execution_time);
         let mut stop = self.stop(limit, Some(grant), control);
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {

@@ -32,6 +32,7 @@ fn user(name: &str, password: &str) -> User {
         admin: false,
         default_workload: None,
         pinned_workload: None,
+        max_execution_time: None,
     }
 }
 
@@ -490,5 +491,31 @@ async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
         Vec::<String>::new()
     );
     assert_nothing_held(&root).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_users_hard_limit_applies_when_the_query_sets_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        users: vec![User {
+            max_execution_time: Some(Duration::from_millis(300)),
+            ..user("tim", "tim-pw")
+        }],
+        ..options(dir.path())
+    })
+    .await;
+    let tim = login(server.port, "tim", "tim-pw").await.expect("tim");
+    let e = tim
+        .simple_query("SELECT sluice_barrier('never')")
+        .await
+        .expect_err("stopped at 300 ms");
+    assert_refused(&e, "57014", "maximum: 0.300");
+    // The query's own limit wins.
+    let e = tim
+        .simple_query("SELECT sluice_barrier('never') SETTINGS max_execution_time = 0.1")
+        .await
+        .expect_err("stopped at 100 ms");
+    assert_refused(&e, "57014", "maximum: 0.100");
     server.stop().await;
 }
