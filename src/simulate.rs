@@ -50,7 +50,8 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<Arrival>> {
         })
     };
     let mut out = Vec::new();
-    let mut first_arrival: Option<chrono::NaiveDateTime> = None;
+    // A query log's arrivals, as timestamps: made relative to the earliest once all are read.
+    let mut stamps: Vec<chrono::NaiveDateTime> = Vec::new();
     for (n, record) in reader.records().enumerate() {
         let line = n + 2;
         let record = record.with_context(|| format!("{} line {line}", path.display()))?;
@@ -81,10 +82,10 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<Arrival>> {
                         path.display()
                     )
                 })?;
-            let first = *first_arrival.get_or_insert(at);
+            stamps.push(at);
             let workload = field(need("initial_workload")?);
             Arrival {
-                at: (at - first).to_std().unwrap_or_default(),
+                at: Duration::ZERO,
                 user: field(need("user")?),
                 application: String::new(),
                 workload: (!workload.is_empty()).then_some(workload),
@@ -103,6 +104,11 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<Arrival>> {
             }
         };
         out.push(arrival);
+    }
+    if let Some(first) = stamps.iter().min().copied() {
+        for (arrival, at) in out.iter_mut().zip(&stamps) {
+            arrival.at = (*at - first).to_std().unwrap_or_default();
+        }
     }
     // A query log lists statements as they finished; replay them as they arrived.
     out.sort_by_key(|a| a.at);

@@ -322,6 +322,47 @@ fn simulate_replays_the_reports_examples_as_expected() {
     assert_eq!(stdout(&a).lines().count(), 6);
     assert!(stdout(&a).starts_with("arrival_s,user,application,workload,statement,service_s\n"));
 
+    // A system.query_log export replays too: arrivals from `arrived`, service from `run_ms`,
+    // the workload asked for from `initial_workload`; in arrival order whatever the file's.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("query_log.csv");
+    std::fs::write(
+        &log,
+        "query_id,user,workload,initial_workload,fingerprint,arrived,queued_ms,run_ms,outcome,demoted,rows,query\n\
+         2,u,reports,reports,x,2026-12-01 10:00:01.000000,0,2000,ok,false,1,\"SELECT 2, 'a'\"\n\
+         1,u,reports,reports,x,2026-12-01 10:00:00.000000,0,3000,ok,false,1,SELECT 1\n",
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(root)
+        .args(["simulate", "--each", "examples/reports/fifo_1.sql"])
+        .arg(&log)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    let first = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap_or_default();
+    let second = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap_or_default();
+    assert!(
+        first.contains("SELECT 1") && first.contains("3.00s"),
+        "{text}"
+    );
+    // It arrived a second later and waited two more for the one slot.
+    assert!(
+        second.contains("2.00s") && second.contains("4.00s"),
+        "{text}"
+    );
+
     // A trace that is not one says what it lacks.
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.csv");
