@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub cpu_slot_preemption_timeout_ms: Option<u64>,
     /// Rows `system.query_log` keeps (newest); default 10000, 0 keeps none.
     pub query_log_size: Option<usize>,
+    /// Refuse sluice's own workload settings in DDL (keep a catalog ClickHouse loads).
+    pub strict_clickhouse: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -69,6 +69,10 @@ enum Command {
         /// Also print system.workloads, system.resources and system.scheduler afterwards.
         #[arg(long)]
         dump: bool,
+        /// Refuse sluice's own extensions (lane settings) as ClickHouse 26.9 would: a script
+        /// that passes runs unchanged on ClickHouse.
+        #[arg(long)]
+        strict: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -331,6 +335,7 @@ fn serve(
             .server
             .query_log_size
             .unwrap_or(sluice_server::query_log::DEFAULT_SIZE),
+        strict_clickhouse: config.server.strict_clickhouse.unwrap_or(false),
         cpu_slots: sluice_server::CpuSlotOptions {
             preemption: config.server.cpu_slot_preemption.unwrap_or(false),
             quantum_ns: config.server.cpu_slot_quantum_ns.unwrap_or(10_000_000),
@@ -550,14 +555,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", simulate::table(&tables));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { dump, common } => {
+        Command::Check {
+            dump,
+            strict,
+            common,
+        } => {
             let setup = common.setup(None, false)?;
             let mut catalog = setup.catalog;
             let mut all_ok = true;
             let mut out = String::new();
             for item in parse_script(&setup.script) {
                 out.push_str(&format!(">> {}\n", item.text));
-                match item.result.and_then(|stmt| catalog.apply_mut(&stmt)) {
+                let strict_ok = |stmt: sluice_sql::Statement| {
+                    if strict {
+                        sluice_catalog::lanes::refuse_extensions(&stmt)?;
+                    }
+                    Ok(stmt)
+                };
+                match item
+                    .result
+                    .and_then(strict_ok)
+                    .and_then(|stmt| catalog.apply_mut(&stmt))
+                {
                     Ok(_) => out.push_str("OK\n"),
                     Err(e) => {
                         all_ok = false;

@@ -180,6 +180,17 @@ fn check_exit_codes() {
             .code(),
         Some(2)
     );
+    // Lane settings pass, unless strict: then they fail as in ClickHouse.
+    let lanes = "CREATE WORKLOAD all; CREATE WORKLOAD slow IN all; \
+                 CREATE WORKLOAD fast IN all SETTINGS demote_after = '20s', demote_to = 'slow'";
+    assert_eq!(sluice(&["check", "-"], Some(lanes)).status.code(), Some(0));
+    let strict = sluice(&["check", "--strict", "-"], Some(lanes));
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(
+        stdout(&strict).contains("ERROR BAD_ARGUMENTS: Unknown workload setting 'demote_after'"),
+        "{}",
+        stdout(&strict)
+    );
 }
 
 #[test]

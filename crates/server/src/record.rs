@@ -51,7 +51,7 @@ impl RunRecord {
             user: user.to_string(),
             initial_workload: initial_workload.to_string(),
             fingerprint,
-            query: query.chars().take(10_000).collect(),
+            query: query.chars().take(2_000).collect(),
             arrived: SystemTime::now(),
             arrived_at: Instant::now(),
             admitted: None,

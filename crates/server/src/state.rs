@@ -40,6 +40,9 @@ pub struct ServerOptions {
     pub barriers: Option<sluice_engine::Barriers>,
     /// `server.query_log_size`: rows `system.query_log` keeps.
     pub query_log_size: usize,
+    /// `server.strict_clickhouse`: workload DDL using sluice's own settings is refused, so the
+    /// catalog stays one ClickHouse 26.9 can load.
+    pub strict_clickhouse: bool,
 }
 
 /// ClickHouse's `cpu_slot_preemption`, `cpu_slot_quantum_ns`, `cpu_slot_preemption_timeout_ms`.
@@ -86,6 +89,7 @@ impl ServerOptions {
             cpu_slots: CpuSlotOptions::default(),
             barriers: None,
             query_log_size: crate::query_log::DEFAULT_SIZE,
+            strict_clickhouse: false,
         }
     }
 }
@@ -257,6 +261,9 @@ impl Shared {
 
     /// Validates, persists and publishes one workload DDL statement.
     pub async fn apply_ddl(&self, stmt: &Statement) -> Result<()> {
+        if self.options.strict_clickhouse {
+            sluice_catalog::lanes::refuse_extensions(stmt)?;
+        }
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();
         let (catalog, change) = current.catalog.apply(stmt)?;
