@@ -267,6 +267,9 @@ impl Catalog {
 
     /// The lane settings in force for `workload`'s queries (its own, else its ancestors').
     pub fn lanes(&self, workload: &str) -> crate::lanes::Lanes {
+        if self.with_lanes.is_empty() {
+            return crate::lanes::Lanes::default(); // asked once per statement: keep it cheap
+        }
         crate::lanes::resolve(self, workload)
     }
 

@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_sql::{Error, ErrorCode, Fingerprint, Result};
@@ -83,6 +84,8 @@ pub struct LaneBook {
     /// Where the lanes are saved; `None`: kept in memory only (`sluice simulate`).
     path: Option<PathBuf>,
     state: Mutex<State>,
+    /// Fingerprints with a lane: while there are none, [`LaneBook::lane`] takes no lock.
+    with_lane: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -123,9 +126,11 @@ impl LaneBook {
                 ))
             }
         }
+        let with_lane = state.entries.len();
         Ok(LaneBook {
             path: Some(path),
             state: Mutex::new(state),
+            with_lane: AtomicUsize::new(with_lane),
         })
     }
 
@@ -134,6 +139,7 @@ impl LaneBook {
         LaneBook {
             path: None,
             state: Mutex::default(),
+            with_lane: AtomicUsize::new(0),
         }
     }
 
@@ -143,6 +149,9 @@ impl LaneBook {
 
     /// The lane fingerprint `id` is admitted to, and whether it is pinned there.
     pub fn lane(&self, id: &str) -> Option<(String, bool)> {
+        if self.with_lane.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let state = self.lock();
         let entry = state.entries.get(id)?;
         entry.lane.clone().map(|lane| (lane, entry.pinned))
@@ -167,7 +176,14 @@ impl LaneBook {
                 None => return Ok(()), // every kept one has a lane: keep those, learn no more
             }
         }
-        let entry = state.entries.entry(fingerprint.id.clone()).or_default();
+        if !state.entries.contains_key(&fingerprint.id) {
+            state
+                .entries
+                .insert(fingerprint.id.clone(), Entry::default());
+        }
+        let Some(entry) = state.entries.get_mut(&fingerprint.id) else {
+            return Ok(());
+        };
         if entry.sample_query.is_empty() {
             entry.sample_query = sample_query.chars().take(1000).collect();
         }
@@ -262,6 +278,8 @@ impl LaneBook {
 
     /// Writes the fingerprints with a lane (the others are statistics only).
     fn save(&self, state: &State) -> Result<()> {
+        let with_lane = state.entries.values().filter(|e| e.lane.is_some()).count();
+        self.with_lane.store(with_lane, Ordering::Relaxed);
         let Some(path) = &self.path else {
             return Ok(());
         };

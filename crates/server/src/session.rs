@@ -188,7 +188,13 @@ pub struct Connection {
     cancel: std::sync::OnceLock<(CancelKey, Arc<tokio::sync::watch::Sender<u64>>)>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
+    /// The fingerprints of the texts this connection ran lately: a client repeats its
+    /// statements, and a fingerprint costs a second lexing pass.
+    fingerprints: Mutex<HashMap<String, sluice_sql::Fingerprint>>,
 }
+
+/// Texts whose fingerprints a connection keeps (all are dropped when it is full).
+const FINGERPRINTS_KEPT: usize = 256;
 
 impl Drop for Connection {
     fn drop(&mut self) {
@@ -368,6 +374,7 @@ impl Connection {
             watch: Arc::new(watch),
             cancel: std::sync::OnceLock::new(),
             cursors: tokio::sync::Mutex::default(),
+            fingerprints: Mutex::default(),
         }
     }
 
@@ -724,7 +731,7 @@ impl Connection {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
-        let fingerprint = sluice_sql::fingerprint(&query.text);
+        let fingerprint = self.fingerprint_of(&query.text);
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
         let workload = self.lane_of(user, &requested, judged_by.as_ref(), &fingerprint);
         // Declared before the guard so that, however the statement ends (an error, a cancel
@@ -754,6 +761,19 @@ impl Connection {
             record.failed(e);
         }
         result
+    }
+
+    fn fingerprint_of(&self, text: &str) -> sluice_sql::Fingerprint {
+        let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = kept.get(text) {
+            return f.clone();
+        }
+        let f = sluice_sql::fingerprint(text);
+        if kept.len() >= FINGERPRINTS_KEPT {
+            kept.clear();
+        }
+        kept.insert(text.to_string(), f.clone());
+        f
     }
 
     /// The statements `predicate` matches in `system.processes` that `user` may act on.
