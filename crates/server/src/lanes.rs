@@ -303,19 +303,25 @@ impl LaneBook {
 
 /// Where a statement asked to run in `requested` is admitted: the lane its fingerprint is
 /// pinned to, or the lane it was learned to need when `requested` demotes there (`demotion`),
-/// else `requested`. A user pinned to a workload (`user_pinned`) stays in it.
+/// else `requested`. A user pinned to a workload (`user_pinned`) stays in it; a lane that is
+/// no longer a leaf of `catalog` (dropped, or given children since) is not used.
 pub fn lane_for(
     book: &LaneBook,
+    catalog: &sluice_catalog::Catalog,
     user_pinned: bool,
     requested: &str,
     demotion: Option<&sluice_catalog::Demotion>,
     fingerprint: &Fingerprint,
 ) -> String {
-    match book.lane(&fingerprint.id) {
+    let lane = match book.lane(&fingerprint.id) {
         Some((lane, true)) if !user_pinned => lane,
         Some((lane, false)) if demotion.is_some_and(|d| d.to == lane) => lane,
-        _ => requested.to_string(),
+        _ => return requested.to_string(),
+    };
+    if catalog.workload(&lane).is_none() || catalog.children_of(&lane).next().is_some() {
+        return requested.to_string();
     }
+    lane
 }
 
 /// Demotes query `query_id`, admitted at `since`, each time it outlives the `demote_after` of

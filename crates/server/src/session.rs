@@ -796,6 +796,7 @@ impl Connection {
             .is_some_and(|u| u.pinned_workload.is_some());
         crate::lanes::lane_for(
             &self.shared.lanes,
+            &self.shared.snapshot().catalog,
             user_pinned,
             requested,
             demotion,

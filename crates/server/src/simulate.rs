@@ -161,7 +161,14 @@ async fn one(
     let requested = arrival.workload.clone().unwrap_or_else(|| "default".into());
     let judged_by = catalog.lanes(&requested).demotion;
     let fingerprint = fingerprint_of(&arrival.statement);
-    let admitted_in = lane_for(book, false, &requested, judged_by.as_ref(), &fingerprint);
+    let admitted_in = lane_for(
+        book,
+        catalog,
+        false,
+        &requested,
+        judged_by.as_ref(),
+        &fingerprint,
+    );
     let mut fate = Fate {
         index,
         requested,

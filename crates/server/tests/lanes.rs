@@ -124,6 +124,26 @@ async fn a_report_that_overruns_is_demoted_while_it_runs_and_learned_as_slow() {
         .batch_execute(&format!("FORGET FINGERPRINT '{id}'"))
         .await
         .expect("forgets");
+    // A pinned lane that is dropped is not used: the statement runs where it asked.
+    admin
+        .batch_execute(&format!(
+            "CREATE WORKLOAD spare IN all; PIN FINGERPRINT '{id}' TO WORKLOAD spare; DROP WORKLOAD spare"
+        ))
+        .await
+        .expect("pin, then drop the lane");
+    let fifth = spawn_query(&server, &report("fifth")).await;
+    until(
+        &admin,
+        &format!("SELECT workload || ' ' || state {WHERE_REPORT}"),
+        "fast running",
+    )
+    .await;
+    server.barriers.open("fifth");
+    fifth.await.expect("task").expect("runs");
+    admin
+        .batch_execute(&format!("FORGET FINGERPRINT '{id}'"))
+        .await
+        .expect("forgets");
     let e = admin
         .batch_execute(&format!("FORGET FINGERPRINT '{id}'"))
         .await

@@ -632,7 +632,10 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
         "COMMIT" | "END" => return Ok(Statement::Transaction(TransactionControl::Commit)),
         "ROLLBACK" | "ABORT" => return Ok(Statement::Transaction(TransactionControl::Rollback)),
         "PIN" | "FORGET" if is(1, "FINGERPRINT") => return fingerprint_command(&first, &word),
-        "KILL" | "MOVE" if is(1, "QUERY") => return operator_command(text, lexed, &first),
+        "KILL" | "MOVE" if is(1, "QUERY") => {
+            check_nesting(lexed.nesting)?;
+            return operator_command(text, lexed, &first);
+        }
         "SELECT" if is(1, "pg_cancel_backend") || is(1, "pg_terminate_backend") => {
             if let Some(pid) = (is(2, "(") && is(4, ")") && word(5).is_none())
                 .then(|| word(3).and_then(|w| w.parse::<i32>().ok()))
@@ -721,15 +724,7 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
 /// A statement for the engine: the `SETTINGS` tail off, its kind, its literals.
 fn query(text: &str, lexed: &Lexed) -> Result<Statement> {
     let source = text[lexed.span.clone()].trim_end();
-    if lexed.nesting > MAX_NESTING {
-        return Err(Error::new(
-            ErrorCode::TooDeepAst,
-            format!(
-                "AST is too deep: the statement nests {} levels of parentheses and operators. Maximum: {MAX_NESTING}; split the expression or use IN (…) lists",
-                lexed.nesting
-            ),
-        ));
-    }
+    check_nesting(lexed.nesting)?;
     let markup = split_settings(source)?;
     let literals = lexed
         .literals
@@ -981,6 +976,19 @@ fn session_setting(word: Option<&str>) -> Option<String> {
     .then(|| word.to_ascii_lowercase())
 }
 
+/// Past [`MAX_NESTING`] a statement is refused before anything parses it.
+fn check_nesting(nesting: usize) -> Result<()> {
+    if nesting > MAX_NESTING {
+        return Err(Error::new(
+            ErrorCode::TooDeepAst,
+            format!(
+                "AST is too deep: the statement nests {nesting} levels of parentheses and operators. Maximum: {MAX_NESTING}; split the expression or use IN (…) lists"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `KILL QUERY WHERE … [SYNC|ASYNC|TEST]`, `MOVE QUERY WHERE … TO WORKLOAD name`.
 fn operator_command(text: &str, lexed: &Lexed, first: &str) -> Result<Statement> {
     let mut collect = Spans(Vec::new());
@@ -1059,6 +1067,11 @@ fn fingerprint_command<'a>(
         .and_then(|w| w.strip_prefix('\'')?.strip_suffix('\''))
         .ok_or_else(usage)?
         .to_ascii_lowercase();
+    if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::bad_arguments(format!(
+            "'{id}' is not a fingerprint: fingerprints are 16 hex digits, as system.fingerprints lists them"
+        )));
+    }
     let is = |i: usize, kw: &str| word(i).is_some_and(|w| w.eq_ignore_ascii_case(kw));
     let workload = if first == "PIN" {
         if !(is(3, "TO") && is(4, "WORKLOAD")) {
@@ -1173,28 +1186,43 @@ mod tests {
     }
 
     #[test]
+    fn operator_commands_are_bounded_and_fingerprints_checked() {
+        let deep = format!("KILL QUERY WHERE {}1{}", "(".repeat(5000), ")".repeat(5000));
+        assert_eq!(
+            statement(&deep).map_err(|e| e.code),
+            Err(ErrorCode::TooDeepAst)
+        );
+        assert_eq!(
+            statement("FORGET FINGERPRINT 'abc'").map_err(|e| e.code),
+            Err(ErrorCode::BadArguments)
+        );
+    }
+
+    #[test]
     fn fingerprint_commands() {
         assert_eq!(
-            statement("PIN FINGERPRINT '00AB' TO WORKLOAD \"slow lane\"")
+            statement("PIN FINGERPRINT '00AB00ab00AB00ab' TO WORKLOAD \"slow lane\"")
                 .ok()
                 .flatten(),
             Some(Statement::Fingerprint {
-                id: "00ab".into(),
+                id: "00ab00ab00ab00ab".into(),
                 workload: Some("slow lane".into())
             })
         );
         assert_eq!(
-            statement("forget fingerprint '00ab';").ok().flatten(),
+            statement("forget fingerprint '00ab00ab00ab00ab';")
+                .ok()
+                .flatten(),
             Some(Statement::Fingerprint {
-                id: "00ab".into(),
+                id: "00ab00ab00ab00ab".into(),
                 workload: None
             })
         );
         for bad in [
             "PIN FINGERPRINT 00ab TO WORKLOAD w",
-            "PIN FINGERPRINT '00ab' WORKLOAD w",
-            "PIN FINGERPRINT '00ab' TO WORKLOAD",
-            "FORGET FINGERPRINT '00ab' now",
+            "PIN FINGERPRINT '00ab00ab00ab00ab' WORKLOAD w",
+            "PIN FINGERPRINT '00ab00ab00ab00ab' TO WORKLOAD",
+            "FORGET FINGERPRINT '00ab00ab00ab00ab' now",
         ] {
             assert_eq!(
                 statement(bad).map_err(|e| e.code),
