@@ -21,6 +21,15 @@ fn sluice(args: &[&str], stdin: Option<&str>) -> Output {
     child.wait_with_output().expect("wait")
 }
 
+/// `sluice ARGS` run from the repository's root, so that paths in its output are relative.
+fn sluice_in_root(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -271,11 +280,12 @@ fn simulate_replays_the_reports_examples_as_expected() {
     );
     for name in names {
         let sql = format!("examples/reports/{name}.sql");
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .current_dir(root)
-            .args(["simulate", "--each", &sql, "examples/reports/trace.csv"])
-            .output()
-            .expect("runs");
+        let out = sluice_in_root(&[
+            "simulate".as_ref(),
+            "--each".as_ref(),
+            sql.as_ref(),
+            "examples/reports/trace.csv".as_ref(),
+        ]);
         assert!(
             out.status.success(),
             "{}",
@@ -344,12 +354,12 @@ fn simulate_replays_the_reports_examples_as_expected() {
          1,u,reports,reports,x,2026-12-01 10:00:00.000000,0,3000,ok,false,1,SELECT 1\n",
     )
     .expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(root)
-        .args(["simulate", "--each", "examples/reports/fifo_1.sql"])
-        .arg(&log)
-        .output()
-        .expect("runs");
+    let out = sluice_in_root(&[
+        "simulate".as_ref(),
+        "--each".as_ref(),
+        "examples/reports/fifo_1.sql".as_ref(),
+        log.as_os_str(),
+    ]);
     assert!(
         out.status.success(),
         "{}",

@@ -167,22 +167,27 @@ pub fn refuse_extensions(statement: &sluice_sql::Statement) -> Result<()> {
     Ok(())
 }
 
-/// The settings of `workload` resolved with its ancestors' (the nearest one that writes a
-/// setting decides it).
-pub(crate) fn resolve(catalog: &Catalog, workload: &str) -> Lanes {
+/// The lane settings `workload` writes or inherits: for each, the nearest of it and its
+/// ancestors that writes it decides.
+fn inherited(catalog: &Catalog, workload: &str) -> Result<OwnLanes> {
     let mut own = OwnLanes::default();
-    let chain = std::iter::once(workload).chain(catalog.ancestors(workload));
-    for name in chain {
+    for name in std::iter::once(workload).chain(catalog.ancestors(workload)) {
         let Some(w) = catalog.workload(name) else {
             continue;
         };
-        // Validated when stored; a workload's settings always read.
-        let theirs = OwnLanes::read(&w.settings).unwrap_or_default();
+        let theirs = OwnLanes::read(&w.settings)?;
         own.demote_after = own.demote_after.or(theirs.demote_after);
         own.demote_to = own.demote_to.or(theirs.demote_to);
         own.relearn_after = own.relearn_after.or(theirs.relearn_after);
         own.max_execution_time = own.max_execution_time.or(theirs.max_execution_time);
     }
+    Ok(own)
+}
+
+/// The settings of `workload` resolved with its ancestors' (see [`inherited`]).
+pub(crate) fn resolve(catalog: &Catalog, workload: &str) -> Lanes {
+    // Validated when stored: a stored workload's settings always read.
+    let own = inherited(catalog, workload).unwrap_or_default();
     let demotion = match (own.demote_after, own.demote_to) {
         (Some(after), Some(to)) if to != workload => Some(Demotion {
             after,
@@ -236,14 +241,7 @@ pub(crate) fn check(catalog: &Catalog) -> Result<()> {
         .workloads()
         .filter(|w| catalog.children_of(&w.name).next().is_none())
     {
-        let mut own = OwnLanes::default();
-        for name in std::iter::once(leaf.name.as_str()).chain(catalog.ancestors(&leaf.name)) {
-            if let Some(w) = catalog.workload(name) {
-                let theirs = OwnLanes::read(&w.settings)?;
-                own.demote_after = own.demote_after.or(theirs.demote_after);
-                own.demote_to = own.demote_to.or(theirs.demote_to);
-            }
-        }
+        let own = inherited(catalog, &leaf.name)?;
         match (&own.demote_after, &own.demote_to) {
             (Some(_), None) => {
                 return Err(Error::bad_arguments(format!(

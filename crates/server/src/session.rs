@@ -733,7 +733,13 @@ impl Connection {
         let snapshot = self.shared.snapshot();
         let fingerprint = self.fingerprint_of(&query.text);
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
-        let workload = self.lane_of(user, &requested, judged_by.as_ref(), &fingerprint);
+        let workload = self.lane_of(
+            &snapshot.catalog,
+            user,
+            &requested,
+            judged_by.as_ref(),
+            &fingerprint,
+        );
         // Declared before the guard so that, however the statement ends (an error, a cancel
         // dropping this future), the guard goes first and the permits after it; the record
         // is written last, when the statement has let go of everything.
@@ -784,6 +790,7 @@ impl Connection {
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
     fn lane_of(
         &self,
+        catalog: &sluice_catalog::Catalog,
         user: &str,
         requested: &str,
         demotion: Option<&sluice_catalog::Demotion>,
@@ -796,7 +803,7 @@ impl Connection {
             .is_some_and(|u| u.pinned_workload.is_some());
         crate::lanes::lane_for(
             &self.shared.lanes,
-            &self.shared.snapshot().catalog,
+            catalog,
             user_pinned,
             requested,
             demotion,

@@ -324,12 +324,7 @@ impl Shared {
     /// Stops statement `query_id` with `error` (`KILL QUERY`, `pg_cancel_backend`), waiting
     /// or running. Whether it was there to stop.
     pub fn kill(&self, query_id: u64, error: Error) -> bool {
-        let control = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&query_id)
-            .map(|p| p.control.clone());
+        let control = self.process(query_id, |p| Some(p.control.clone()));
         match control {
             Some(control) => {
                 control
@@ -348,11 +343,7 @@ impl Shared {
     /// waiting one leaves its queue and queues again in `workload`.
     pub fn move_any(&self, query_id: u64, workload: &str) -> Result<()> {
         let (running, control) = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&query_id)
-            .map(|p| (p.grant.is_some(), p.control.clone()))
+            .process(query_id, |p| Some((p.grant.is_some(), p.control.clone())))
             .ok_or_else(|| {
                 Error::bad_arguments(format!("no statement with query_id {query_id}"))
             })?;
@@ -405,18 +396,12 @@ impl Shared {
     /// and counts in the new one's (see `Permit::move_to`). `system.processes` shows the new
     /// workload at once.
     pub fn move_query(&self, query_id: u64, workload: &str) -> Result<()> {
-        let grant = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&query_id)
-            .and_then(|p| p.grant.clone())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::BadArguments,
-                    format!("no admitted query with query_id {query_id}"),
-                )
-            })?;
+        let grant = self.process(query_id, |p| p.grant.clone()).ok_or_else(|| {
+            Error::new(
+                ErrorCode::BadArguments,
+                format!("no admitted query with query_id {query_id}"),
+            )
+        })?;
         let snapshot = self.snapshot();
         let mut grant = grant.lock().unwrap_or_else(|p| p.into_inner());
         // Checked on every resource first, so a refused move changes nothing.
@@ -446,24 +431,24 @@ impl Shared {
         Ok(())
     }
 
-    /// The workload query `query_id` counts in now (`None` once it has ended).
-    pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
+    /// What `f` reads of statement `query_id`'s entry (`None` once it has ended).
+    fn process<T>(&self, query_id: u64, f: impl FnOnce(&Process) -> Option<T>) -> Option<T> {
         self.processes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&query_id)
-            .map(|p| p.workload.clone())
+            .and_then(f)
+    }
+
+    /// The workload query `query_id` counts in now (`None` once it has ended).
+    pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
+        self.process(query_id, |p| Some(p.workload.clone()))
     }
 
     /// Demotes running query `query_id` to `to` ([`Shared::move_query`]), noting where it came
     /// from and when for `system.processes` and the query log.
     pub fn demote(&self, query_id: u64, to: &str) -> Result<()> {
-        let found = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&query_id)
-            .and_then(|p| Some((p.grant.clone()?, p.query.clone())));
+        let found = self.process(query_id, |p| Some((p.grant.clone()?, p.query.clone())));
         let Some((grant, query)) = found else {
             return Ok(());
         }; // it ended meanwhile

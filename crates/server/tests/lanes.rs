@@ -19,6 +19,20 @@ fn report(gate: &str) -> String {
     REPORT.replace("{gate}", gate)
 }
 
+/// Runs a report held at gate `gate`, sees it in `system.processes` as `want` (its workload
+/// and state), then lets it finish.
+async fn runs_in(server: &TestServer, admin: &tokio_postgres::Client, gate: &str, want: &str) {
+    let run = spawn_query(server, &report(gate)).await;
+    until(
+        admin,
+        &format!("SELECT workload || ' ' || state {WHERE_REPORT}"),
+        want,
+    )
+    .await;
+    server.barriers.open(gate);
+    run.await.expect("task").expect("runs");
+}
+
 const WHERE_REPORT: &str = "FROM system.processes WHERE query LIKE 'SELECT sluice_barrier%'";
 
 #[tokio::test]
@@ -76,15 +90,7 @@ async fn a_report_that_overruns_is_demoted_while_it_runs_and_learned_as_slow() {
     // Across a restart the lane holds.
     let server = TestServer::start(dir.path(), false).await;
     let admin = server.client().await;
-    let third = spawn_query(&server, &report("third")).await;
-    until(
-        &admin,
-        &format!("SELECT workload || ' ' || state {WHERE_REPORT}"),
-        "slow running",
-    )
-    .await;
-    server.barriers.open("third");
-    third.await.expect("task").expect("runs");
+    runs_in(&server, &admin, "third", "slow running").await;
     // relearn_after = 2: two runs in a row within the deadline, and it is fast again.
     server.barriers.open("quick");
     for _ in 0..2 {
@@ -98,15 +104,7 @@ async fn a_report_that_overruns_is_demoted_while_it_runs_and_learned_as_slow() {
         .await,
         ["0"]
     );
-    let fourth = spawn_query(&server, &report("fourth")).await;
-    until(
-        &admin,
-        &format!("SELECT workload || ' ' || state {WHERE_REPORT}"),
-        "fast running",
-    )
-    .await;
-    server.barriers.open("fourth");
-    fourth.await.expect("task").expect("runs");
+    runs_in(&server, &admin, "fourth", "fast running").await;
 
     // An operator pins it, and forgets it.
     admin
@@ -131,15 +129,7 @@ async fn a_report_that_overruns_is_demoted_while_it_runs_and_learned_as_slow() {
         ))
         .await
         .expect("pin, then drop the lane");
-    let fifth = spawn_query(&server, &report("fifth")).await;
-    until(
-        &admin,
-        &format!("SELECT workload || ' ' || state {WHERE_REPORT}"),
-        "fast running",
-    )
-    .await;
-    server.barriers.open("fifth");
-    fifth.await.expect("task").expect("runs");
+    runs_in(&server, &admin, "fifth", "fast running").await;
     admin
         .batch_execute(&format!("FORGET FINGERPRINT '{id}'"))
         .await

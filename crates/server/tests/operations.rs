@@ -36,6 +36,24 @@ fn user(name: &str, password: &str) -> User {
     }
 }
 
+fn admin(name: &str, password: &str) -> User {
+    User {
+        admin: true,
+        ..user(name, password)
+    }
+}
+
+/// A server on a fresh data dir with `users` configured.
+async fn with_users(users: Vec<User>) -> (tempfile::TempDir, TestServer) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        users,
+        ..options(dir.path())
+    })
+    .await;
+    (dir, server)
+}
+
 async fn login(port: u16, user: &str, password: &str) -> Result<Client, tokio_postgres::Error> {
     connect(&format!(
         "host=127.0.0.1 port={port} user={user} password={password} dbname=x"
@@ -48,10 +66,7 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
         users: vec![
-            User {
-                admin: true,
-                ..user("root", "r00t")
-            },
+            admin("root", "r00t"),
             User {
                 pinned_workload: Some("prod".into()),
                 ..user("app", "app-pw")
@@ -384,18 +399,7 @@ async fn a_rollback_that_cannot_undo_writes_says_so() {
 
 #[tokio::test]
 async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(ServerOptions {
-        users: vec![
-            User {
-                admin: true,
-                ..user("root", "r00t")
-            },
-            user("dana", "dana-pw"),
-        ],
-        ..options(dir.path())
-    })
-    .await;
+    let (_dir, server) = with_users(vec![admin("root", "r00t"), user("dana", "dana-pw")]).await;
     let root = login(server.port, "root", "r00t").await.expect("root");
     root.batch_execute(
         "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 2; \
@@ -496,14 +500,10 @@ async fn operators_kill_and_move_statements_and_only_admins_touch_others() {
 
 #[tokio::test]
 async fn a_users_hard_limit_applies_when_the_query_sets_none() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(ServerOptions {
-        users: vec![User {
-            max_execution_time: Some(Duration::from_millis(300)),
-            ..user("tim", "tim-pw")
-        }],
-        ..options(dir.path())
-    })
+    let (_dir, server) = with_users(vec![User {
+        max_execution_time: Some(Duration::from_millis(300)),
+        ..user("tim", "tim-pw")
+    }])
     .await;
     let tim = login(server.port, "tim", "tim-pw").await.expect("tim");
     let e = tim
