@@ -1,4 +1,4 @@
-//! The `--dump` text: the three system tables as ClickHouse's TSV shows them once unescaped
+//! The `--dump` text: the three system tables (and `system.classifiers` when there are any) as ClickHouse's TSV shows them once unescaped
 //! (NULL as `\N`, arrays as `['a','b']`, floats in shortest round-trip form), each section a
 //! `== system.<table>` line, a header row, and rows in byte-wise order.
 
@@ -61,6 +61,21 @@ pub fn dump(catalog: &Catalog, machine: Machine) -> Result<String> {
             nullable(row.max_speed().map(format_float)),
             nullable(row.max_burst().map(format_float)),
         );
+    }
+    // sluice's own: only when there are any, so a ClickHouse-only catalog dumps exactly as
+    // ClickHouse does.
+    if catalog.rules().iter().next().is_some() {
+        out.push_str("== system.classifiers\nname\tworkload\trank\tdry_run\tpredicate\tcreate_query\n");
+        for c in catalog.classifiers() {
+            let sluice_catalog::Entity::Classifier(c) = &c.entity else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "{}\t{}\t{}\t{}\t{}\t{}",
+                c.name, c.workload, c.rank, u8::from(c.dry_run), c.predicate, c
+            );
+        }
     }
     Ok(out)
 }

@@ -568,7 +568,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 out.push_str(&format!(">> {}\n", item.text));
                 let strict_ok = |stmt: sluice_sql::Statement| {
                     if strict {
-                        sluice_catalog::lanes::refuse_extensions(&stmt)?;
+                        sluice_catalog::strict::refuse_extensions(&stmt)?;
                     }
                     Ok(stmt)
                 };

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use sluice_sql::{
-    CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Error, ErrorCode,
-    ResourceOperation, Result, Statement,
+    CreateClassifier, CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Error,
+    ErrorCode, ResourceOperation, Result, Statement,
 };
+
+use crate::classifiers::{Rule, Rules};
 
 use crate::settings::WorkloadSettings;
 
@@ -27,11 +29,12 @@ pub enum Origin {
     Config,
 }
 
-/// A workload or a resource, as stored: its normalized definition.
+/// A workload, a resource or a classifier, as stored: its normalized definition.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entity {
     Workload(CreateWorkload),
     Resource(CreateResource),
+    Classifier(CreateClassifier),
 }
 
 impl Entity {
@@ -39,6 +42,7 @@ impl Entity {
         match self {
             Entity::Workload(w) => &w.name,
             Entity::Resource(r) => &r.name,
+            Entity::Classifier(c) => &c.name,
         }
     }
 
@@ -46,6 +50,7 @@ impl Entity {
         match self {
             Entity::Workload(_) => EntityKind::Workload,
             Entity::Resource(_) => EntityKind::Resource,
+            Entity::Classifier(_) => EntityKind::Classifier,
         }
     }
 
@@ -54,6 +59,7 @@ impl Entity {
         match self {
             Entity::Workload(w) => w.to_string(),
             Entity::Resource(r) => r.to_string(),
+            Entity::Classifier(c) => c.to_string(),
         }
     }
 
@@ -118,7 +124,9 @@ pub enum Change {
 /// - at most one resource covers each of `MASTER THREAD`, `WORKER THREAD`, `QUERY`,
 ///   `MEMORY RESERVATION`;
 /// - lane settings hold [`lanes::check`](crate::lanes)'s rules: every `demote_to` names an
-///   existing leaf, deadlines come with targets, demotions never loop.
+///   existing leaf, deadlines come with targets, demotions never loop;
+/// - classifiers have a namespace of their own; each one's workload exists and is a leaf (so a
+///   classifier's target cannot gain children or be dropped), and its predicate compiled.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     version: u64,
@@ -132,6 +140,10 @@ pub struct Catalog {
     /// The workloads that write lane settings (derived, kept so that a catalog without any
     /// skips the lane rules: loading n plain workloads stays linear).
     with_lanes: imbl::OrdSet<String>,
+    /// Classifiers by name (their own namespace: a classifier may share its workload's name).
+    classifiers: imbl::OrdMap<String, Arc<Stored>>,
+    /// The classifiers compiled, in the order they are tried (derived from `classifiers`).
+    rules: Rules,
 }
 
 impl Catalog {
@@ -154,7 +166,41 @@ impl Catalog {
         self.entities.get(name)
     }
 
-    /// All entities, ordered by name (byte-wise).
+    /// A classifier by name.
+    pub fn classifier(&self, name: &str) -> Option<&Stored> {
+        self.classifiers.get(name).map(|s| s.as_ref())
+    }
+
+    /// The entity of `kind` named `name` (classifiers have a namespace of their own).
+    pub fn entity(&self, kind: EntityKind, name: &str) -> Option<&Stored> {
+        match kind {
+            EntityKind::Classifier => self.classifier(name),
+            _ => self.get(name).filter(|s| s.entity.kind() == kind),
+        }
+    }
+
+    /// All classifiers, ordered by name.
+    pub fn classifiers(&self) -> impl Iterator<Item = &Stored> {
+        self.classifiers.values().map(|s| s.as_ref())
+    }
+
+    /// The classifiers compiled, in the order they are tried.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// The classifiers that route to `workload` (live or dry run).
+    pub fn classifiers_of(&self, workload: &str) -> Vec<&str> {
+        self.classifiers()
+            .filter_map(|s| match &s.entity {
+                Entity::Classifier(c) if c.workload == workload => Some(c.name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// All workloads and resources, ordered by name (byte-wise); classifiers are
+    /// [`Catalog::classifiers`].
     pub fn entities(&self) -> impl Iterator<Item = &Stored> {
         self.entities.values().map(|s| s.as_ref())
     }
@@ -162,14 +208,14 @@ impl Catalog {
     pub fn workloads(&self) -> impl Iterator<Item = &CreateWorkload> {
         self.entities().filter_map(|s| match &s.entity {
             Entity::Workload(w) => Some(w),
-            Entity::Resource(_) => None,
+            _ => None,
         })
     }
 
     pub fn resources(&self) -> impl Iterator<Item = &CreateResource> {
         self.entities().filter_map(|s| match &s.entity {
             Entity::Resource(r) => Some(r),
-            Entity::Workload(_) => None,
+            _ => None,
         })
     }
 
@@ -308,6 +354,12 @@ impl Catalog {
                 }),
                 &c.options,
             ),
+            Statement::CreateClassifier(c) => {
+                return self.store_classifier(c, origin);
+            }
+            Statement::Drop(d) if d.kind == EntityKind::Classifier => {
+                return self.remove_classifier(d)
+            }
             Statement::Drop(d) => return self.remove(d),
         };
         self.store(entity, options.or_replace, options.if_not_exists, origin)
@@ -369,11 +421,14 @@ impl Catalog {
                         )));
                     }
                 }
+                // Classifiers are stored by `store_classifier`, in their own namespace.
+                (Entity::Classifier(_), _) | (_, Entity::Classifier(_)) => {}
             }
         }
         match &entity {
             Entity::Workload(w) => self.check_workload(w)?,
             Entity::Resource(r) => self.check_resource(r)?,
+            Entity::Classifier(_) => {}
         }
         let name = name.to_string();
         if let Entity::Workload(w) = &entity {
@@ -403,6 +458,18 @@ impl Catalog {
     }
 
     fn check_workload(&self, w: &CreateWorkload) -> Result<()> {
+        if let Some(parent) = w.parent.as_deref() {
+            let routing = self.classifiers_of(parent);
+            if !routing.is_empty() && self.workload(&w.name).and_then(|o| o.parent.as_deref()) != Some(parent) {
+                return Err(Error::new(
+                    ErrorCode::InvalidSchedulerNode,
+                    format!(
+                        "Workload '{parent}' cannot have children: classifiers route queries to it ({}), and queries run in leaf workloads only. Point the classifiers at another leaf first",
+                        routing.join(", ")
+                    ),
+                ));
+            }
+        }
         if w.parent.is_none() {
             if let Some(root) = self.root() {
                 if root.name != w.name {
@@ -521,6 +588,95 @@ impl Catalog {
         Ok(())
     }
 
+    fn store_classifier(
+        &mut self,
+        c: &CreateClassifier,
+        origin: Origin,
+    ) -> Result<Option<Change>> {
+        let name = c.name.as_str();
+        if name.is_empty() {
+            return Err(Error::bad_arguments("Classifier name should not be empty"));
+        }
+        if let Some(old) = self.classifier(name) {
+            if c.options.if_not_exists {
+                return Ok(None);
+            }
+            if !c.options.or_replace {
+                return Err(Error::bad_arguments(format!(
+                    "Classifier '{name}' already exists; use CREATE OR REPLACE CLASSIFIER to change it"
+                ))
+                .with_sqlstate(DUPLICATE_OBJECT));
+            }
+            if old.origin == Origin::Config {
+                return Err(Error::bad_arguments(format!(
+                    "It is not allowed to replace classifier '{name}' that is stored in read-only configuration storage"
+                )));
+            }
+        }
+        let target = &c.workload;
+        match self.get(target).map(|s| &s.entity) {
+            Some(Entity::Workload(_)) => {}
+            Some(_) => {
+                return Err(Error::bad_arguments(format!(
+                    "Classifier '{name}' routes to '{target}', which is a resource, not a workload"
+                )))
+            }
+            None => {
+                return Err(Error::bad_arguments(format!(
+                    "Classifier '{name}' routes to workload '{target}' that doesn't exist; create it first"
+                )))
+            }
+        }
+        if self.children_of(target).next().is_some() {
+            return Err(Error::new(
+                ErrorCode::InvalidSchedulerNode,
+                format!("Classifier '{name}' routes to '{target}', which has children; queries run in leaf workloads only, so a classifier must name a leaf"),
+            ));
+        }
+        let rule = Arc::new(Rule::compile(c)?);
+        let entity = Entity::Classifier(CreateClassifier {
+            options: Default::default(),
+            ..c.clone()
+        });
+        self.version += 1;
+        self.classifiers.insert(
+            name.to_string(),
+            Arc::new(Stored {
+                entity: entity.clone(),
+                origin,
+            }),
+        );
+        let mut rules: Vec<Arc<Rule>> = self.rules.iter().filter(|r| r.name != name).cloned().collect();
+        rules.push(rule);
+        self.rules = Rules::new(rules);
+        Ok(Some(Change::Upsert(entity)))
+    }
+
+    fn remove_classifier(&mut self, d: &DropEntity) -> Result<Option<Change>> {
+        let Some(stored) = self.classifier(&d.name) else {
+            if d.if_exists {
+                return Ok(None);
+            }
+            return Err(Error::new(
+                ErrorCode::ResourceNotFound,
+                format!("Classifier '{}' doesn't exist", d.name),
+            ));
+        };
+        if stored.origin == Origin::Config {
+            return Err(Error::bad_arguments(format!(
+                "It is not allowed to remove classifier '{}' that is stored in read-only configuration storage",
+                d.name
+            )));
+        }
+        self.version += 1;
+        self.classifiers.remove(&d.name);
+        self.rules = Rules::new(self.rules.iter().filter(|r| r.name != d.name).cloned().collect());
+        Ok(Some(Change::Remove {
+            kind: EntityKind::Classifier,
+            name: d.name.clone(),
+        }))
+    }
+
     fn remove(&mut self, d: &DropEntity) -> Result<Option<Change>> {
         let exists = self.get(&d.name).filter(|s| s.entity.kind() == d.kind);
         let Some(stored) = exists else {
@@ -546,6 +702,17 @@ impl Catalog {
         for demoting in crate::lanes::demoting_to(self, &d.name) {
             if !referrers.contains(&demoting) {
                 referrers.push(demoting);
+            }
+        }
+        if referrers.is_empty() {
+            let routing = self.classifiers_of(&d.name);
+            if !routing.is_empty() {
+                return Err(Error::bad_arguments(format!(
+                    "Workload entity '{}' cannot be dropped. Classifiers route to it: {}; drop them or point them at another workload first",
+                    d.name,
+                    routing.join(", ")
+                ))
+                .with_sqlstate(DEPENDENT_OBJECTS_STILL_EXIST));
             }
         }
         if !referrers.is_empty() {
@@ -647,6 +814,55 @@ mod tests {
             Some("Workload entity '03232_write' cannot be dropped. It is referenced by: all. (BAD_ARGUMENTS)")
         );
         assert_eq!(c.version(), 8);
+    }
+
+    #[test]
+    fn classifiers_route_to_leaves_that_stay_leaves() {
+        let mut c = Catalog::new();
+        for sql in [
+            "CREATE RESOURCE q (QUERY)",
+            "CREATE WORKLOAD all",
+            "CREATE WORKLOAD prod IN all",
+            "CREATE WORKLOAD dev IN all",
+            // A classifier may share a workload's name: its own namespace.
+            "CREATE CLASSIFIER prod WORKLOAD prod WHEN user = 'app'",
+            "CREATE CLASSIFIER tagged WORKLOAD dev WHEN tag('team') = 'x' RANK 2",
+        ] {
+            c = ok(c, sql);
+        }
+        let code = |c: &Catalog, sql: &str| run(c, sql).map(|_| ()).map_err(|e| (e.code, e.message));
+        for (sql, expected, says) in [
+            ("CREATE CLASSIFIER x WORKLOAD nowhere WHEN user = 'a'", ErrorCode::BadArguments, "doesn't exist"),
+            ("CREATE CLASSIFIER x WORKLOAD q WHEN user = 'a'", ErrorCode::BadArguments, "is a resource"),
+            ("CREATE CLASSIFIER x WORKLOAD all WHEN user = 'a'", ErrorCode::InvalidSchedulerNode, "has children"),
+            ("CREATE CLASSIFIER prod WORKLOAD dev WHEN user = 'a'", ErrorCode::BadArguments, "already exists"),
+            ("CREATE CLASSIFIER x WORKLOAD dev WHEN query ~ '('", ErrorCode::BadArguments, "invalid regular expression"),
+            ("DROP WORKLOAD dev", ErrorCode::BadArguments, "Classifiers route to it: tagged"),
+            ("CREATE WORKLOAD sub IN prod", ErrorCode::InvalidSchedulerNode, "classifiers route queries to it (prod)"),
+            ("DROP CLASSIFIER nope", ErrorCode::ResourceNotFound, "doesn't exist"),
+        ] {
+            match code(&c, sql) {
+                Err((got, message)) => {
+                    assert_eq!(got, expected, "{sql}: {message}");
+                    assert!(message.contains(says), "{sql}: {message}");
+                }
+                Ok(()) => panic!("{sql} was accepted"),
+            }
+        }
+        assert_eq!(
+            run(&c, "DROP WORKLOAD dev").err().map(|e| e.sqlstate()),
+            Some("2BP01")
+        );
+        // Replaced, then dropped: the target is free again.
+        let before = c.rules().iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+        assert_eq!(before, ["tagged", "prod"]);
+        c = ok(c, "CREATE OR REPLACE CLASSIFIER tagged WORKLOAD prod WHEN tag('team') = 'x'");
+        assert_eq!(c.classifiers_of("prod"), ["prod", "tagged"]);
+        c = ok(c, "DROP WORKLOAD dev");
+        c = ok(c, "DROP CLASSIFIER IF EXISTS nope");
+        c = ok(c, "DROP CLASSIFIER tagged");
+        assert_eq!(c.rules().iter().count(), 1);
+        assert!(c.get("prod").is_some() && c.classifier("prod").is_some());
     }
 
     #[test]

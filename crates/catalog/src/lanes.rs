@@ -152,21 +152,6 @@ fn positive_duration(name: &str, value: &Literal) -> Result<Duration> {
     Ok(d)
 }
 
-/// Strict mode (`sluice check --strict`, `server.strict_clickhouse`): refuses sluice's own
-/// settings exactly as ClickHouse 26.9 would (BAD_ARGUMENTS, "Unknown workload setting"),
-/// so that a script that passes runs unchanged on ClickHouse.
-pub fn refuse_extensions(statement: &sluice_sql::Statement) -> Result<()> {
-    if let sluice_sql::Statement::CreateWorkload(w) = statement {
-        if let Some(c) = w.settings.iter().find(|c| is_lane_setting(&c.name)) {
-            return Err(Error::bad_arguments(format!(
-                "Unknown workload setting '{}' (strict mode: '{}' is sluice's own, ClickHouse 26.9 has no such setting)",
-                c.name, c.name
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// The lane settings `workload` writes or inherits: for each, the nearest of it and its
 /// ancestors that writes it decides.
 fn inherited(catalog: &Catalog, workload: &str) -> Result<OwnLanes> {
@@ -418,24 +403,6 @@ mod tests {
         std::fs::remove_file(dir.path().join("workloads/workload_slow.sql")).expect("rm");
         let e = storage.load(Catalog::new()).expect_err("slow is gone");
         assert!(e.message.contains("doesn't exist"), "{}", e.message);
-    }
-
-    #[test]
-    fn strict_mode_refuses_lane_settings_as_clickhouse_does() {
-        let stmt = |sql: &str| sluice_sql::parse_statement(sql).expect("parses");
-        let e = refuse_extensions(&stmt(
-            "CREATE WORKLOAD fast IN all SETTINGS priority = 1, demote_after = 5",
-        ))
-        .expect_err("refused");
-        assert_eq!(e.code, ErrorCode::BadArguments);
-        assert!(
-            e.message
-                .starts_with("Unknown workload setting 'demote_after'"),
-            "{}",
-            e.message
-        );
-        refuse_extensions(&stmt("CREATE WORKLOAD fast IN all SETTINGS priority = 1"))
-            .expect("plain");
     }
 
     #[test]

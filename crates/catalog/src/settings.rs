@@ -42,10 +42,13 @@ pub enum Setting {
     MaxWaitingQueries,
     MaxMemory,
     MaxMemoryRatio,
+    /// sluice's own: the share of its parent's dequeues a workload keeps while a sibling of
+    /// higher priority has work (0 to 1; 0, the default, is ClickHouse's strict priority).
+    OutrankedShare,
 }
 
 impl Setting {
-    pub const ALL: [Setting; 18] = [
+    pub const ALL: [Setting; 19] = [
         Setting::Weight,
         Setting::Priority,
         Setting::Precedence,
@@ -64,6 +67,7 @@ impl Setting {
         Setting::MaxWaitingQueries,
         Setting::MaxMemory,
         Setting::MaxMemoryRatio,
+        Setting::OutrankedShare,
     ];
 
     /// The canonical name and its aliases.
@@ -87,6 +91,7 @@ impl Setting {
             Setting::MaxWaitingQueries => &["max_waiting_queries"],
             Setting::MaxMemory => &["max_memory"],
             Setting::MaxMemoryRatio => &["max_memory_ratio"],
+            Setting::OutrankedShare => &["outranked_share"],
         }
     }
 
@@ -133,7 +138,14 @@ impl Setting {
             | Setting::MaxBurstQueries => unit == QuerySlot,
             Setting::MaxWaitingQueries => matches!(unit, QuerySlot | MemoryByte),
             Setting::MaxMemory | Setting::MaxMemoryRatio => unit == MemoryByte,
+            Setting::OutrankedShare => unit != MemoryByte,
         }
+    }
+
+    /// Whether the setting is sluice's own (ClickHouse 26.9 has no such setting; strict mode
+    /// refuses it).
+    pub fn is_extension(self) -> bool {
+        self == Setting::OutrankedShare
     }
 }
 
@@ -292,6 +304,7 @@ pub struct WorkloadSettings {
     pub max_waiting_queries: i64,
     pub max_memory: i64,
     pub max_memory_ratio: f64,
+    pub outranked_share: f64,
 }
 
 impl Default for WorkloadSettings {
@@ -315,6 +328,7 @@ impl Default for WorkloadSettings {
             max_waiting_queries: UNLIMITED,
             max_memory: UNLIMITED,
             max_memory_ratio: 0.0,
+            outranked_share: 0.0,
         }
     }
 }
@@ -386,7 +400,14 @@ impl WorkloadSettings {
             max_waiting_queries: limit(Setting::MaxWaitingQueries),
             max_memory: limit(Setting::MaxMemory),
             max_memory_ratio: float(Setting::MaxMemoryRatio, 0.0),
+            outranked_share: float(Setting::OutrankedShare, 0.0),
         };
+        if settings.outranked_share > 1.0 {
+            return Err(Error::bad_arguments(format!(
+                "outranked_share is a fraction of the parent's dequeues, from 0 to 1: got {}",
+                format_float(settings.outranked_share)
+            )));
+        }
         // ClickHouse checks the weight when it builds a node from these settings.
         if settings.weight <= 0.0 {
             return Err(Error::new(

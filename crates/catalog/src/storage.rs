@@ -1,5 +1,6 @@
 //! Persistence of the catalog, as ClickHouse's `workload_path`: one file per entity,
-//! `workload_<name>.sql` or `resource_<name>.sql`, in `<data-dir>/workloads/`.
+//! `workload_<name>.sql` or `resource_<name>.sql` (and sluice's `classifier_<name>.sql`), in
+//! `<data-dir>/workloads/`.
 //!
 //! Every write goes to `<file>.tmp`, is fsynced, renamed over the file, and the directory is
 //! fsynced; a removal unlinks and fsyncs the directory. A crash at any instant therefore leaves
@@ -33,6 +34,7 @@ fn file_name(kind: EntityKind, name: &str) -> String {
     let prefix = match kind {
         EntityKind::Workload => "workload",
         EntityKind::Resource => "resource",
+        EntityKind::Classifier => "classifier",
     };
     format!("{prefix}_{}.sql", escape_file_name(name))
 }
@@ -112,6 +114,7 @@ impl DiskStorage {
         files.sort();
         let mut resources = Vec::new();
         let mut workloads = Vec::new();
+        let mut classifiers = Vec::new();
         for path in files {
             let text = fs::read_to_string(&path).map_err(|e| io_error("read", &path, e))?;
             let in_file = |e: Error| Error {
@@ -129,6 +132,7 @@ impl DiskStorage {
             let (kind, name) = match &stmt {
                 Statement::CreateWorkload(w) => (EntityKind::Workload, w.name.clone()),
                 Statement::CreateResource(r) => (EntityKind::Resource, r.name.clone()),
+                Statement::CreateClassifier(c) => (EntityKind::Classifier, c.name.clone()),
                 Statement::Drop(_) => (EntityKind::Workload, String::new()),
             };
             let expected = path
@@ -143,6 +147,7 @@ impl DiskStorage {
             }
             match kind {
                 EntityKind::Resource => resources.push((path, stmt)),
+                EntityKind::Classifier => classifiers.push((path, stmt)),
                 EntityKind::Workload => workloads.push((path, stmt, name)),
             }
         }
@@ -187,6 +192,10 @@ impl DiskStorage {
                 ));
             }
             pending = rest;
+        }
+        // Classifiers last: each names a workload loaded above.
+        for (path, stmt) in &classifiers {
+            apply(&mut catalog, path, stmt)?;
         }
         catalog.check_lanes().map_err(|e| Error {
             message: format!("cannot load {}: {}", self.dir.display(), e),
@@ -275,17 +284,20 @@ pub fn config_layer(statements: &str) -> Result<Catalog> {
     Ok(catalog)
 }
 
-/// Prefixes `CREATE` to statements that start with `WORKLOAD` or `RESOURCE`.
+/// Prefixes `CREATE` to statements that start with `WORKLOAD`, `RESOURCE` or `CLASSIFIER`.
 fn with_create_keywords(text: &str) -> String {
     text.split_inclusive(';')
         .map(|part| {
             let trimmed = part.trim_start();
             let head: String = trimmed
                 .chars()
-                .take(9)
+                .take(10)
                 .collect::<String>()
                 .to_ascii_uppercase();
-            if head.starts_with("WORKLOAD") || head.starts_with("RESOURCE") {
+            if ["WORKLOAD", "RESOURCE", "CLASSIFIER"]
+                .iter()
+                .any(|k| head.starts_with(k))
+            {
                 format!("{}CREATE {trimmed}", &part[..part.len() - trimmed.len()])
             } else {
                 part.to_string()

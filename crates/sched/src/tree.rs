@@ -82,6 +82,10 @@ pub struct Node {
     pub priority: i64,
     /// Lower is admitted first and evicted last among siblings (memory).
     pub precedence: i64,
+    /// sluice's `outranked_share`: the fraction of a `priority` parent's dequeues this child
+    /// keeps while a sibling of higher priority has work (0: strict priority). A `p<N>_fair`
+    /// group keeps the sum of its members' shares, at most 1.
+    pub outranked_share: f64,
     pub children: Vec<Arc<Node>>,
 }
 
@@ -93,6 +97,7 @@ impl Node {
             weight: 1.0,
             priority: 0,
             precedence: 0,
+            outranked_share: 0.0,
             children: Vec::new(),
         }
     }
@@ -336,6 +341,7 @@ impl Compiler<'_> {
             weight: s.weight,
             priority: s.priority,
             precedence: s.precedence,
+            outranked_share: s.outranked_share,
             children: vec![Arc::new(node)],
         })
     }
@@ -368,6 +374,8 @@ impl Compiler<'_> {
                         fair.precedence = key;
                     } else {
                         fair.priority = key;
+                        fair.outranked_share =
+                            nodes.iter().map(|n| n.outranked_share).sum::<f64>().min(1.0);
                     }
                     fair.children = nodes;
                     Arc::new(fair)
@@ -448,6 +456,18 @@ pub fn recompile(
         return compile(after, machine);
     }
     let (changed, is_workload) = match change {
+        // Classifiers route statements; they are not in any tree.
+        Change::Upsert(Entity::Classifier(_))
+        | Change::Remove {
+            kind: sluice_sql::EntityKind::Classifier,
+            ..
+        } => {
+            return Ok(SchedulerTrees {
+                catalog_version: after.version(),
+                machine,
+                trees: previous.trees.clone(),
+            })
+        }
         Change::Upsert(Entity::Workload(w)) => (w.name.as_str(), true),
         Change::Upsert(Entity::Resource(r)) => (r.name.as_str(), false),
         Change::Remove { kind, name } => (name.as_str(), *kind == sluice_sql::EntityKind::Workload),

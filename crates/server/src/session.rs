@@ -429,9 +429,11 @@ impl Connection {
                 let tag = match &stmt {
                     sluice_sql::Statement::CreateWorkload(_) => "CREATE WORKLOAD",
                     sluice_sql::Statement::CreateResource(_) => "CREATE RESOURCE",
+                    sluice_sql::Statement::CreateClassifier(_) => "CREATE CLASSIFIER",
                     sluice_sql::Statement::Drop(d) => match d.kind {
                         EntityKind::Workload => "DROP WORKLOAD",
                         EntityKind::Resource => "DROP RESOURCE",
+                        EntityKind::Classifier => "DROP CLASSIFIER",
                     },
                 };
                 Ok(Outcome::Command(Tag::new(tag)))
@@ -523,6 +525,11 @@ impl Connection {
                         .resources()
                         .map(|r| r.name.clone())
                         .collect(),
+                    EntityKind::Classifier => snapshot
+                        .catalog
+                        .classifiers()
+                        .map(|c| c.entity.name().to_string())
+                        .collect(),
                 };
                 Ok(one_column("name", names))
             }
@@ -530,8 +537,7 @@ impl Connection {
                 let snapshot = self.shared.snapshot();
                 let stored = snapshot
                     .catalog
-                    .get(&name)
-                    .filter(|s| s.entity.kind() == kind)
+                    .entity(kind, &name)
                     .ok_or_else(|| {
                         Error::new(
                             ErrorCode::ResourceNotFound,

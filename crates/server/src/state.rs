@@ -262,7 +262,7 @@ impl Shared {
     /// Validates, persists and publishes one workload DDL statement.
     pub async fn apply_ddl(&self, stmt: &Statement) -> Result<()> {
         if self.options.strict_clickhouse {
-            sluice_catalog::lanes::refuse_extensions(stmt)?;
+            sluice_catalog::strict::refuse_extensions(stmt)?;
         }
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();

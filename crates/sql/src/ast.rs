@@ -341,11 +341,49 @@ impl fmt::Display for CreateResource {
     }
 }
 
+/// ```text
+/// CREATE [OR REPLACE] CLASSIFIER [IF NOT EXISTS] name [ON CLUSTER c] WORKLOAD target
+///     WHEN predicate [RANK n] [DRY RUN]
+/// ```
+/// sluice's own (ClickHouse has no classifiers): statements the predicate matches run in
+/// `workload` unless they name one themselves. Rules are tried by rank, highest first, then
+/// by name; the first that matches decides. A dry-run rule only counts what it would match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateClassifier {
+    pub options: CreateOptions,
+    pub name: String,
+    pub workload: String,
+    pub predicate: crate::predicate::Predicate,
+    /// `RANK n` (0 when not written).
+    pub rank: i64,
+    pub dry_run: bool,
+}
+
+impl fmt::Display for CreateClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CREATE CLASSIFIER {} WORKLOAD {} WHEN {}",
+            QuotedIdent(&self.name),
+            QuotedIdent(&self.workload),
+            self.predicate
+        )?;
+        if self.rank != 0 {
+            write!(f, " RANK {}", self.rank)?;
+        }
+        if self.dry_run {
+            f.write_str(" DRY RUN")?;
+        }
+        Ok(())
+    }
+}
+
 /// Which kind of entity a statement names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntityKind {
     Workload,
     Resource,
+    Classifier,
 }
 
 impl EntityKind {
@@ -353,12 +391,13 @@ impl EntityKind {
         match self {
             EntityKind::Workload => "WORKLOAD",
             EntityKind::Resource => "RESOURCE",
+            EntityKind::Classifier => "CLASSIFIER",
         }
     }
 }
 
 /// ```text
-/// DROP WORKLOAD|RESOURCE [IF EXISTS] name [ON CLUSTER c]
+/// DROP WORKLOAD|RESOURCE|CLASSIFIER [IF EXISTS] name [ON CLUSTER c]
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct DropEntity {
@@ -383,6 +422,7 @@ impl fmt::Display for DropEntity {
 pub enum Statement {
     CreateWorkload(CreateWorkload),
     CreateResource(CreateResource),
+    CreateClassifier(CreateClassifier),
     Drop(DropEntity),
 }
 
@@ -394,6 +434,7 @@ impl Statement {
         match &mut s {
             Statement::CreateWorkload(c) => c.options = CreateOptions::default(),
             Statement::CreateResource(c) => c.options = CreateOptions::default(),
+            Statement::CreateClassifier(c) => c.options = CreateOptions::default(),
             Statement::Drop(d) => d.on_cluster = None,
         }
         s
@@ -403,6 +444,7 @@ impl Statement {
         match self {
             Statement::CreateWorkload(c) => c.options.on_cluster.as_deref(),
             Statement::CreateResource(c) => c.options.on_cluster.as_deref(),
+            Statement::CreateClassifier(c) => c.options.on_cluster.as_deref(),
             Statement::Drop(d) => d.on_cluster.as_deref(),
         }
     }
@@ -413,6 +455,7 @@ impl fmt::Display for Statement {
         match self {
             Statement::CreateWorkload(c) => c.fmt(f),
             Statement::CreateResource(c) => c.fmt(f),
+            Statement::CreateClassifier(c) => c.fmt(f),
             Statement::Drop(d) => d.fmt(f),
         }
     }

@@ -11,7 +11,7 @@
 //!
 //! Invariants:
 //! - Parsing never panics and does bounded work on any input ([`parser::MAX_INPUT_BYTES`]; the
-//!   grammar has no nesting, so there is no recursion to bound).
+//!   only nesting, a classifier's predicate, is bounded by [`parser::MAX_PREDICATE_DEPTH`]).
 //! - For every statement `s`, `parse_statement(&s.to_string()) == Ok(s.normalized())`.
 //! - A `CreateResource` from the parser has at least one operation, all of one [`CostUnit`].
 //!
@@ -21,15 +21,17 @@ pub mod ast;
 pub mod error;
 pub mod fingerprint;
 pub mod parser;
+pub mod predicate;
 pub mod statement;
 
 pub use ast::{
-    format_float, is_bare_identifier, CostUnit, CreateOptions, CreateResource, CreateWorkload,
+    format_float, is_bare_identifier, CostUnit, CreateClassifier, CreateOptions, CreateResource, CreateWorkload,
     DiskRef, DropEntity, EntityKind, Literal, QuotedIdent, ResourceOperation, SettingChange,
     Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
 pub use fingerprint::{fingerprint, Fingerprint};
+pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use parser::{
     collapse_whitespace, mentions, parse_script, parse_statement, split_settings, QueryMarkup,
     ScriptStatement,

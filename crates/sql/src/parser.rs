@@ -2,17 +2,23 @@
 //!
 //! Naming follows sqlparser: `parse_x` returns a `Result`, `parse_keyword(s)` consumes only on a
 //! match and returns whether it did, `expect_x` fails with a syntax error on a miss, `peek_x`
-//! never consumes. The grammar has no nesting, so the parser has no recursion to bound; input
-//! size is bounded by [`MAX_INPUT_BYTES`].
+//! never consumes. The only recursion is a classifier's predicate, bounded by
+//! [`MAX_PREDICATE_DEPTH`]; input size is bounded by [`MAX_INPUT_BYTES`].
 
 use sqlparser::dialect::{ClickHouseDialect, Dialect};
 use sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer, Whitespace};
 
 use crate::ast::{
-    CreateOptions, CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Literal,
-    ResourceOperation, SettingChange, Statement,
+    CreateClassifier, CreateOptions, CreateResource, CreateWorkload, DiskRef, DropEntity,
+    EntityKind, Literal, ResourceOperation, SettingChange, Statement,
 };
 use crate::error::{Error, ErrorCode, Position, Result};
+use crate::predicate::{Attribute, Comparison, Predicate};
+
+/// How deep a classifier's predicate may nest: parentheses, `NOT`s and `AND`/`OR` chains
+/// (a chain of n terms is n - 1 levels). Evaluating and printing a predicate recurse once per
+/// level, so this bounds their stack; a long list of alternatives belongs in `IN (…)`.
+pub const MAX_PREDICATE_DEPTH: usize = 256;
 
 /// The largest script or statement sluice will read (ClickHouse's `max_query_size` plays this
 /// role there). Larger input is a `SYNTAX_ERROR` rather than unbounded work.
@@ -460,18 +466,22 @@ impl<'a> Parser<'a> {
                 self.parse_create_workload(or_replace)
             } else if self.parse_keyword("RESOURCE") {
                 self.parse_create_resource(or_replace)
+            } else if self.parse_keyword("CLASSIFIER") {
+                self.parse_create_classifier(or_replace)
             } else if or_replace {
-                Err(self.expected(&["WORKLOAD", "RESOURCE"]))
+                Err(self.expected(&["WORKLOAD", "RESOURCE", "CLASSIFIER"]))
             } else {
-                Err(self.expected(&["OR REPLACE", "WORKLOAD", "RESOURCE"]))
+                Err(self.expected(&["OR REPLACE", "WORKLOAD", "RESOURCE", "CLASSIFIER"]))
             }
         } else if self.parse_keyword("DROP") {
             let kind = if self.parse_keyword("WORKLOAD") {
                 EntityKind::Workload
             } else if self.parse_keyword("RESOURCE") {
                 EntityKind::Resource
+            } else if self.parse_keyword("CLASSIFIER") {
+                EntityKind::Classifier
             } else {
-                return Err(self.expected(&["WORKLOAD", "RESOURCE"]));
+                return Err(self.expected(&["WORKLOAD", "RESOURCE", "CLASSIFIER"]));
             };
             let if_exists = self.parse_keywords(&["IF", "EXISTS"]);
             let name = self.parse_identifier()?;
@@ -596,6 +606,187 @@ impl<'a> Parser<'a> {
             name,
             operations,
         }))
+    }
+
+    fn parse_create_classifier(&mut self, or_replace: bool) -> Result<Statement> {
+        let (options, name) = self.parse_create_head(or_replace)?;
+        if !self.parse_keyword("WORKLOAD") {
+            return Err(self.expected(if options.on_cluster.is_some() {
+                &["WORKLOAD"]
+            } else {
+                &["ON CLUSTER", "WORKLOAD"]
+            }));
+        }
+        let workload = self.parse_identifier()?;
+        self.expect_keyword("WHEN")?;
+        let (predicate, _) = self.parse_or(0)?;
+        let rank = if self.parse_keyword("RANK") {
+            match self.parse_literal()? {
+                Literal::UInt(v) if v <= i64::MAX as u64 => v as i64,
+                Literal::Int(v) => v,
+                other => {
+                    return Err(Error::bad_arguments(format!(
+                        "RANK takes an integer, got {other} ({})",
+                        other.type_name()
+                    )))
+                }
+            }
+        } else {
+            0
+        };
+        let dry_run = self.parse_keywords(&["DRY", "RUN"]);
+        let mut rest = vec!["AND", "OR"];
+        if !dry_run {
+            if rank == 0 {
+                rest.push("RANK");
+            }
+            rest.push("DRY RUN");
+        }
+        self.expect_end(&rest)?;
+        Ok(Statement::CreateClassifier(CreateClassifier {
+            options,
+            name,
+            workload,
+            predicate,
+            rank,
+            dry_run,
+        }))
+    }
+
+    /// `and {OR and}`, with the depth of the tree it built. `depth` is how deep the caller's
+    /// tree already is at this point.
+    fn parse_or(&mut self, depth: usize) -> Result<(Predicate, usize)> {
+        self.parse_chain(depth, "OR", Self::parse_and, Predicate::Or)
+    }
+
+    fn parse_and(&mut self, depth: usize) -> Result<(Predicate, usize)> {
+        self.parse_chain(depth, "AND", Self::parse_not, Predicate::And)
+    }
+
+    /// `operand {keyword operand}`, read left to right into a left-deep tree.
+    fn parse_chain(
+        &mut self,
+        depth: usize,
+        keyword: &str,
+        operand: fn(&mut Self, usize) -> Result<(Predicate, usize)>,
+        join: fn(Box<Predicate>, Box<Predicate>) -> Predicate,
+    ) -> Result<(Predicate, usize)> {
+        let (mut left, mut height) = operand(self, depth)?;
+        while self.parse_keyword(keyword) {
+            let (right, right_height) = operand(self, depth)?;
+            height = height.max(right_height) + 1;
+            self.check_depth(depth + height)?;
+            left = join(Box::new(left), Box::new(right));
+        }
+        Ok((left, height))
+    }
+
+    fn parse_not(&mut self, depth: usize) -> Result<(Predicate, usize)> {
+        if self.parse_keyword("NOT") {
+            self.check_depth(depth + 1)?;
+            let (inner, height) = self.parse_not(depth + 1)?;
+            return Ok((Predicate::Not(Box::new(inner)), height + 1));
+        }
+        if self.peek() == Some(&Token::LParen) {
+            self.pos += 1;
+            self.check_depth(depth + 1)?;
+            let inner = self.parse_or(depth + 1)?;
+            self.expect_token(&Token::RParen, ")")?;
+            return Ok(inner);
+        }
+        self.parse_comparison().map(|p| (p, 1))
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<()> {
+        if depth > MAX_PREDICATE_DEPTH {
+            return Err(Error::new(
+                ErrorCode::TooDeepAst,
+                format!("AST is too deep: the classifier's predicate nests more than {MAX_PREDICATE_DEPTH} levels; put alternatives in IN (…) lists"),
+            )
+            .with_position(self.here()));
+        }
+        Ok(())
+    }
+
+    fn parse_attribute(&mut self) -> Result<Attribute> {
+        if let Some(Token::Word(w)) = self.peek() {
+            if w.quote_style.is_none() {
+                if w.value.eq_ignore_ascii_case("tag") && self.peek_nth(1) == Some(&Token::LParen)
+                {
+                    self.pos += 2;
+                    let key = self.parse_string()?;
+                    self.expect_token(&Token::RParen, ")")?;
+                    return Ok(Attribute::Tag(key));
+                }
+                if let Some(a) = Attribute::from_name(&w.value) {
+                    self.pos += 1;
+                    return Ok(a);
+                }
+            }
+        }
+        Err(self.expected(&Attribute::NAMES))
+    }
+
+    fn parse_string(&mut self) -> Result<String> {
+        match self.peek() {
+            Some(Token::SingleQuotedString(s)) => {
+                self.pos += 1;
+                Ok(s.clone())
+            }
+            _ => Err(self.expected(&["string literal"])),
+        }
+    }
+
+    fn parse_comparison(&mut self) -> Result<Predicate> {
+        let attribute = self.parse_attribute()?;
+        let compare = |op, value| Predicate::Compare {
+            attribute: attribute.clone(),
+            op,
+            value,
+        };
+        let op = match self.peek() {
+            Some(Token::Eq) => Some(Comparison::Eq),
+            Some(Token::Neq) => Some(Comparison::NotEq),
+            Some(Token::Tilde) => Some(Comparison::Regex),
+            _ => None,
+        };
+        if let Some(op) = op {
+            self.pos += 1;
+            return Ok(compare(op, self.parse_string()?));
+        }
+        if self.parse_keyword("IS") {
+            let negated = self.parse_keyword("NOT");
+            self.expect_keyword("NULL")?;
+            return Ok(Predicate::IsNull { attribute, negated });
+        }
+        let negated = self.parse_keyword("NOT");
+        let found = if self.parse_keyword("LIKE") {
+            compare(Comparison::Like, self.parse_string()?)
+        } else if self.parse_keyword("ILIKE") {
+            compare(Comparison::ILike, self.parse_string()?)
+        } else if self.parse_keyword("IN") {
+            self.expect_token(&Token::LParen, "(")?;
+            let mut values = vec![self.parse_string()?];
+            while self.peek() == Some(&Token::Comma) {
+                self.pos += 1;
+                values.push(self.parse_string()?);
+            }
+            self.expect_token(&Token::RParen, ")")?;
+            return Ok(Predicate::In {
+                attribute,
+                values,
+                negated,
+            });
+        } else if negated {
+            return Err(self.expected(&["LIKE", "ILIKE", "IN"]));
+        } else {
+            return Err(self.expected(&["=", "<>", "~", "LIKE", "ILIKE", "IN", "IS"]));
+        };
+        Ok(if negated {
+            Predicate::Not(Box::new(found))
+        } else {
+            found
+        })
     }
 
     fn parse_resource_operation(&mut self) -> Result<ResourceOperation> {
@@ -832,6 +1023,54 @@ mod tests {
         assert!(e.message.contains("expected one of: number"), "{e}");
         let e = err("CREATE RESOURCE r (READ DISK d, MASTER THREAD)");
         assert_eq!(e.code, ErrorCode::BadArguments);
+    }
+
+    #[test]
+    fn classifiers_parse_to_their_canonical_text() {
+        let s = one("create or replace classifier billing workload prod when tag('team') = 'billing' and (user in ('a', 'b') or application_name ilike 'metabase%') and not query ~ '^EXPLAIN' rank 10 dry run");
+        assert_eq!(
+            s.to_string(),
+            "CREATE CLASSIFIER billing WORKLOAD prod WHEN tag('team') = 'billing' AND (user IN ('a', 'b') OR application_name ILIKE 'metabase%') AND NOT query ~ '^EXPLAIN' RANK 10 DRY RUN"
+        );
+        let s = one("CREATE CLASSIFIER c WORKLOAD w WHEN client_addr NOT IN ('10.0.0.0/8') AND database IS NOT NULL RANK -1");
+        assert_eq!(
+            s.to_string(),
+            "CREATE CLASSIFIER c WORKLOAD w WHEN client_addr NOT IN ('10.0.0.0/8') AND database IS NOT NULL RANK -1"
+        );
+        assert_eq!(
+            one("DROP CLASSIFIER IF EXISTS c").to_string(),
+            "DROP CLASSIFIER IF EXISTS c"
+        );
+        let e = err("CREATE CLASSIFIER c WORKLOAD w WHEN usr = 'a'");
+        assert!(e.message.contains("expected one of: user, database"), "{e}");
+        let e = err("CREATE CLASSIFIER c WORKLOAD w WHEN user = 1");
+        assert!(e.message.contains("expected string literal"), "{e}");
+        let e = err("CREATE CLASSIFIER c WORKLOAD w WHEN user = 'a' RANK 'x'");
+        assert_eq!(e.code, ErrorCode::BadArguments);
+        let e = err("CREATE CLASSIFIER c WHEN user = 'a'");
+        assert!(e.message.contains("expected one of: ON CLUSTER, WORKLOAD"), "{e}");
+    }
+
+    #[test]
+    fn predicates_nest_boundedly() {
+        let deep = format!(
+            "CREATE CLASSIFIER c WORKLOAD w WHEN {}user = 'a'{}",
+            "(".repeat(100_000),
+            ")".repeat(100_000)
+        );
+        assert_eq!(err(&deep).code, ErrorCode::TooDeepAst);
+        let nots = format!("CREATE CLASSIFIER c WORKLOAD w WHEN {}user = 'a'", "NOT ".repeat(300));
+        assert_eq!(err(&nots).code, ErrorCode::TooDeepAst);
+        let chain = format!(
+            "CREATE CLASSIFIER c WORKLOAD w WHEN user = 'a'{}",
+            " OR user = 'b'".repeat(MAX_PREDICATE_DEPTH + 1)
+        );
+        assert_eq!(err(&chain).code, ErrorCode::TooDeepAst);
+        let fits = format!(
+            "CREATE CLASSIFIER c WORKLOAD w WHEN user = 'a'{}",
+            " OR user = 'b'".repeat(MAX_PREDICATE_DEPTH - 1)
+        );
+        assert!(parse_statement(&fits).is_ok());
     }
 
     #[test]

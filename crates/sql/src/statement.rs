@@ -131,7 +131,7 @@ pub enum KillMode {
 /// One statement, as the server routes it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Statement {
-    /// `CREATE|DROP WORKLOAD|RESOURCE …`, parsed.
+    /// `CREATE|DROP WORKLOAD|RESOURCE|CLASSIFIER …`, parsed.
     Workload(WorkloadStatement),
     /// `SET name = value` / `SET name TO value`; `value` is `None` for `RESET name` and
     /// `SET name TO DEFAULT`.
@@ -142,9 +142,9 @@ pub enum Statement {
     },
     /// `SHOW name` of a session setting.
     Show(String),
-    /// `SHOW WORKLOADS`, `SHOW RESOURCES`.
+    /// `SHOW WORKLOADS`, `SHOW RESOURCES`, `SHOW CLASSIFIERS`.
     ShowEntities(EntityKind),
-    /// `SHOW CREATE WORKLOAD|RESOURCE name`.
+    /// `SHOW CREATE WORKLOAD|RESOURCE|CLASSIFIER name`.
     ShowCreate {
         kind: EntityKind,
         name: String,
@@ -262,6 +262,9 @@ pub enum TokenKind {
 /// Receives each token [`lex`] passes, in order (comments and whitespace are not tokens).
 pub trait Tokens {
     fn token(&mut self, kind: TokenKind, span: Range<usize>);
+    /// A `/* … */` comment (its whole span, delimiters included); most sinks ignore them.
+    #[inline]
+    fn comment(&mut self, _span: Range<usize>) {}
 }
 
 /// No tokens wanted: [`split`].
@@ -291,6 +294,7 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
                 i = memchr(bytes, i, b'\n').map_or(bytes.len(), |n| n + 1);
             }
             b'/' if next == Some(b'*') => {
+                let start = i;
                 let mut depth = 0usize;
                 while i < bytes.len() {
                     if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'*') {
@@ -306,6 +310,7 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
                         i += 1;
                     }
                 }
+                tokens.comment(start..i);
             }
             c if c.is_ascii_whitespace() => i += 1,
             b'\'' => {
@@ -618,6 +623,8 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
             Some(EntityKind::Workload)
         } else if is(i, "RESOURCE") {
             Some(EntityKind::Resource)
+        } else if is(i, "CLASSIFIER") {
+            Some(EntityKind::Classifier)
         } else {
             None
         }
@@ -649,6 +656,9 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
         }
         "SHOW" if is(1, "WORKLOADS") => return Ok(Statement::ShowEntities(EntityKind::Workload)),
         "SHOW" if is(1, "RESOURCES") => return Ok(Statement::ShowEntities(EntityKind::Resource)),
+        "SHOW" if is(1, "CLASSIFIERS") => {
+            return Ok(Statement::ShowEntities(EntityKind::Classifier))
+        }
         "SHOW" if is(1, "CREATE") && entity(2).is_some() => {
             let name = word(3).map(unquote).unwrap_or_default();
             return Ok(Statement::ShowCreate {

@@ -3,8 +3,9 @@
 
 use proptest::prelude::*;
 use sluice_sql::{
-    parse_script, parse_statement, CreateOptions, CreateResource, CreateWorkload, DiskRef,
-    DropEntity, EntityKind, Literal, ResourceOperation, SettingChange, Statement,
+    parse_script, parse_statement, Attribute, Comparison, CreateClassifier, CreateOptions,
+    CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Literal, Predicate,
+    ResourceOperation, SettingChange, Statement,
 };
 
 /// Names of every flavour: plain, digit-led, keywords, and arbitrary text needing quotes.
@@ -89,8 +90,78 @@ fn operations() -> impl Strategy<Value = Vec<ResourceOperation>> {
     ]
 }
 
+fn attribute() -> impl Strategy<Value = Attribute> {
+    prop_oneof![
+        Just(Attribute::User),
+        Just(Attribute::Database),
+        Just(Attribute::ApplicationName),
+        Just(Attribute::ClientAddr),
+        Just(Attribute::StatementKind),
+        Just(Attribute::Query),
+        "(?s).{0,8}".prop_map(Attribute::Tag),
+    ]
+}
+
+fn predicate() -> impl Strategy<Value = Predicate> {
+    let comparison = prop::sample::select(vec![
+        Comparison::Eq,
+        Comparison::NotEq,
+        Comparison::Like,
+        Comparison::ILike,
+        Comparison::Regex,
+    ]);
+    let leaf = prop_oneof![
+        (attribute(), comparison, "(?s).{0,10}").prop_map(|(attribute, op, value)| {
+            Predicate::Compare {
+                attribute,
+                op,
+                value,
+            }
+        }),
+        (
+            attribute(),
+            prop::collection::vec("(?s).{0,6}", 1..4),
+            any::<bool>()
+        )
+            .prop_map(|(attribute, values, negated)| Predicate::In {
+                attribute,
+                values,
+                negated
+            }),
+        (attribute(), any::<bool>())
+            .prop_map(|(attribute, negated)| Predicate::IsNull { attribute, negated }),
+    ];
+    leaf.prop_recursive(6, 40, 2, |inner| {
+        prop_oneof![
+            (inner.clone(), inner.clone())
+                .prop_map(|(a, b)| Predicate::And(Box::new(a), Box::new(b))),
+            (inner.clone(), inner.clone())
+                .prop_map(|(a, b)| Predicate::Or(Box::new(a), Box::new(b))),
+            inner.prop_map(|a| Predicate::Not(Box::new(a))),
+        ]
+    })
+}
+
 fn statement() -> impl Strategy<Value = Statement> {
     prop_oneof![
+        (
+            options(),
+            name(),
+            name(),
+            predicate(),
+            any::<i64>(),
+            any::<bool>()
+        )
+            .prop_map(|(options, name, workload, predicate, rank, dry_run)| {
+                Statement::CreateClassifier(CreateClassifier {
+                    options,
+                    name,
+                    workload,
+                    predicate,
+                    rank,
+                    dry_run,
+                })
+            }),
         (
             options(),
             name(),
@@ -113,17 +184,16 @@ fn statement() -> impl Strategy<Value = Statement> {
             })
         }),
         (
-            any::<bool>(),
+            prop::sample::select(vec![
+                EntityKind::Workload,
+                EntityKind::Resource,
+                EntityKind::Classifier
+            ]),
             any::<bool>(),
             name(),
             proptest::option::of(name())
         )
-            .prop_map(|(workload, if_exists, name, on_cluster)| {
-                let kind = if workload {
-                    EntityKind::Workload
-                } else {
-                    EntityKind::Resource
-                };
+            .prop_map(|(kind, if_exists, name, on_cluster)| {
                 Statement::Drop(DropEntity {
                     kind,
                     if_exists,
@@ -154,6 +224,8 @@ proptest! {
         "CREATE", "OR", "REPLACE", "WORKLOAD", "RESOURCE", "IF", "NOT", "EXISTS", "DROP", "IN",
         "ON", "CLUSTER", "SETTINGS", "FOR", "=", ",", "(", ")", ";", "-", "+", "READ", "WRITE",
         "DISK", "ANY", "MASTER", "THREAD", "QUERY", "MEMORY", "RESERVATION", "x", "`y`", "'s",
+        "CLASSIFIER", "WHEN", "RANK", "DRY", "RUN", "AND", "LIKE", "ILIKE", "~", "<>", "IS",
+        "NULL", "user", "tag", "client_addr", "statement_kind",
         "'s'", "1", "1.5", "1e", "0x", "0x1F", "1_000", "--", "/*", "*/", "\"", "`", "\\",
     ]), 0..40)) {
         let _ = parse_script(&words.join(" "));

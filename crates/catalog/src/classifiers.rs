@@ -1,0 +1,636 @@
+//! Classifiers, compiled: the ranked rules that pick a statement's workload when it does not
+//! name one (`CREATE CLASSIFIER`, sluice's own).
+//!
+//! A rule compiles once, when its statement is applied: regular expressions are built (with a
+//! bounded size), CIDR blocks and statement kinds are checked, `LIKE` patterns are read. What
+//! is left for each statement is comparisons, so classifying against a hundred rules costs
+//! about a microsecond (BENCHMARKS.md).
+//!
+//! [`Rules::classify`] tries the rules by rank (highest first), then name; the first live rule
+//! that matches routes the statement. Dry-run rules ranked before it that match count a
+//! would-be match and route nothing. Predicates use SQL's three-valued logic: an attribute the
+//! statement does not have (no `application_name`, no such tag, a Unix-socket client's
+//! `client_addr`) is NULL, a comparison with NULL is unknown, and only a predicate that is
+//! true matches (`IS NULL` asks about absence directly).
+//!
+//! Each compiled rule carries its match counters. They are statistics, not definitions, so
+//! they are atomics shared by every catalog snapshot that holds the same rule; replacing a
+//! rule starts its counters again.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sluice_sql::{
+    Attribute, Comparison, CreateClassifier, Error, Predicate, Result, StatementKind,
+};
+
+/// The most memory one classifier's regular expression may compile to (the `regex` crate's
+/// `size_limit`; also the lazy DFA's cache bound). A larger one is refused at DDL time.
+pub const MAX_REGEX_BYTES: usize = 1 << 20;
+
+/// What sluice knows of a statement when it classifies it.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub user: &'a str,
+    pub database: Option<&'a str>,
+    pub application_name: Option<&'a str>,
+    pub client_addr: Option<IpAddr>,
+    pub statement_kind: StatementKind,
+    /// The statement's text (without its `SETTINGS` tail).
+    pub query: &'a str,
+    /// Its SQLCommenter tags ([`sluice_sql::tags`]); read only when [`Rules::reads_tags`].
+    pub tags: &'a [(String, String)],
+}
+
+/// How often a rule matched (for a dry-run rule: would have), and when last.
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    matches: AtomicU64,
+    /// Microseconds since the Unix epoch; 0: never.
+    last_match_us: AtomicU64,
+}
+
+impl RuleStats {
+    pub fn matches(&self) -> u64 {
+        self.matches.load(Ordering::Relaxed)
+    }
+
+    pub fn last_match(&self) -> Option<SystemTime> {
+        match self.last_match_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(UNIX_EPOCH + std::time::Duration::from_micros(us)),
+        }
+    }
+
+    fn count(&self) {
+        self.matches.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        self.last_match_us.store(now.max(1), Ordering::Relaxed);
+    }
+}
+
+/// One compiled classifier.
+#[derive(Debug)]
+pub struct Rule {
+    pub name: String,
+    pub workload: String,
+    pub rank: i64,
+    pub dry_run: bool,
+    /// The predicate as written (canonical text), for `system.classifiers`.
+    pub predicate: String,
+    pub stats: RuleStats,
+    test: Node,
+}
+
+#[derive(Debug)]
+enum Node {
+    Test { attribute: Attribute, test: Test },
+    IsNull { attribute: Attribute, negated: bool },
+    And(Box<Node>, Box<Node>),
+    Or(Box<Node>, Box<Node>),
+    Not(Box<Node>),
+}
+
+#[derive(Debug)]
+enum Test {
+    /// `=` / `IN` (negated: `<>` / `NOT IN`).
+    Equals { values: Vec<String>, negated: bool },
+    /// `client_addr` `=` / `IN` (negated: `<>` / `NOT IN`): inside any of the blocks.
+    Within { nets: Vec<Net>, negated: bool },
+    Like(Like),
+    Regex(regex::Regex),
+}
+
+/// An IP block: `10.0.0.0/8`, `::1` (a single address is a full-length block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Net {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Net {
+    /// Reads `a.b.c.d[/n]` or an IPv6 address with an optional `/n`.
+    pub fn parse(text: &str) -> Option<Net> {
+        let (addr, prefix) = match text.trim().split_once('/') {
+            Some((a, p)) => (a.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (text.trim().parse::<IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Net { addr, prefix })
+    }
+
+    /// Whether `ip` is in the block. An IPv4 client seen as an IPv4-mapped IPv6 address
+    /// (`::ffff:10.1.2.3`, a dual-stack listener) matches IPv4 blocks.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |a: IpAddr| -> (u128, u32) {
+            match a {
+                IpAddr::V4(v) => (u32::from(v) as u128, 32),
+                IpAddr::V6(v) => (u128::from(v), 128),
+            }
+        };
+        let ((net, width), (addr, addr_width)) = (bits(self.addr), bits(ip));
+        if width != addr_width {
+            return false;
+        }
+        let shift = width - self.prefix as u32;
+        shift == width || (net >> shift) == (addr >> shift)
+    }
+}
+
+/// A `LIKE` pattern: `%` any run, `_` one character, `\` escapes the next character.
+#[derive(Debug)]
+struct Like {
+    pattern: Vec<LikePart>,
+    ignore_case: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum LikePart {
+    Char(char),
+    One,
+    Any,
+}
+
+impl Like {
+    fn new(pattern: &str, ignore_case: bool) -> Like {
+        let mut parts = Vec::new();
+        let mut chars = pattern.chars();
+        while let Some(c) = chars.next() {
+            parts.push(match c {
+                '%' => LikePart::Any,
+                '_' => LikePart::One,
+                '\\' => LikePart::Char(chars.next().unwrap_or('\\')),
+                c if ignore_case => LikePart::Char(fold(c)),
+                c => LikePart::Char(c),
+            });
+            if ignore_case {
+                if let Some(LikePart::Char(c)) = parts.last_mut() {
+                    *c = fold(*c);
+                }
+            }
+        }
+        parts.dedup_by(|a, b| *a == LikePart::Any && *b == LikePart::Any);
+        Like {
+            pattern: parts,
+            ignore_case,
+        }
+    }
+
+    /// Linear-space matching with one backtrack point (the last `%`): O(n·m) at worst.
+    fn matches(&self, text: &str) -> bool {
+        let text: Vec<char> = if self.ignore_case {
+            text.chars().map(fold).collect()
+        } else {
+            text.chars().collect()
+        };
+        let p = &self.pattern;
+        let (mut t, mut i) = (0usize, 0usize);
+        let mut star: Option<(usize, usize)> = None;
+        while t < text.len() {
+            match p.get(i) {
+                Some(LikePart::Char(c)) if *c == text[t] => {
+                    t += 1;
+                    i += 1;
+                }
+                Some(LikePart::One) => {
+                    t += 1;
+                    i += 1;
+                }
+                Some(LikePart::Any) => {
+                    star = Some((i, t));
+                    i += 1;
+                }
+                _ => match star {
+                    Some((si, st)) => {
+                        i = si + 1;
+                        t = st + 1;
+                        star = Some((si, st + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        p[i.min(p.len())..].iter().all(|x| *x == LikePart::Any)
+    }
+}
+
+/// Simple case folding (one character to one), enough for `ILIKE` on names and text.
+fn fold(c: char) -> char {
+    let mut lower = c.to_lowercase();
+    match (lower.next(), lower.next()) {
+        (Some(l), None) => l,
+        _ => c,
+    }
+}
+
+const STATEMENT_KINDS: [&str; 6] = ["select", "insert", "update", "delete", "ddl", "utility"];
+
+impl Rule {
+    /// Compiles a classifier: fails with BAD_ARGUMENTS on a regular expression that does not
+    /// compile (or is too large), a `client_addr` value that is not an address or block, or a
+    /// `statement_kind` value that is not a kind.
+    pub fn compile(c: &CreateClassifier) -> Result<Rule> {
+        Ok(Rule {
+            name: c.name.clone(),
+            workload: c.workload.clone(),
+            rank: c.rank,
+            dry_run: c.dry_run,
+            predicate: c.predicate.to_string(),
+            stats: RuleStats::default(),
+            test: compile_node(&c.name, &c.predicate)?,
+        })
+    }
+
+    /// Whether the rule's predicate is true for `facts`.
+    pub fn matches(&self, facts: &Facts<'_>) -> bool {
+        eval(&self.test, facts) == Some(true)
+    }
+
+    fn reads_tags(&self) -> bool {
+        fn walk(n: &Node) -> bool {
+            match n {
+                Node::Test { attribute, .. } | Node::IsNull { attribute, .. } => {
+                    matches!(attribute, Attribute::Tag(_))
+                }
+                Node::And(a, b) | Node::Or(a, b) => walk(a) || walk(b),
+                Node::Not(a) => walk(a),
+            }
+        }
+        walk(&self.test)
+    }
+}
+
+fn compile_node(name: &str, p: &Predicate) -> Result<Node> {
+    let bad = |what: String| Error::bad_arguments(format!("Classifier '{name}': {what}"));
+    Ok(match p {
+        Predicate::And(a, b) => Node::And(
+            Box::new(compile_node(name, a)?),
+            Box::new(compile_node(name, b)?),
+        ),
+        Predicate::Or(a, b) => Node::Or(
+            Box::new(compile_node(name, a)?),
+            Box::new(compile_node(name, b)?),
+        ),
+        Predicate::Not(a) => Node::Not(Box::new(compile_node(name, a)?)),
+        Predicate::IsNull { attribute, negated } => Node::IsNull {
+            attribute: attribute.clone(),
+            negated: *negated,
+        },
+        Predicate::Compare {
+            attribute,
+            op,
+            value,
+        } => {
+            let test = match op {
+                Comparison::Eq | Comparison::NotEq => {
+                    equals(&bad, attribute, std::slice::from_ref(value), *op == Comparison::NotEq)?
+                }
+                Comparison::Like => Test::Like(Like::new(value, false)),
+                Comparison::ILike => Test::Like(Like::new(value, true)),
+                Comparison::Regex => Test::Regex(
+                    regex::RegexBuilder::new(value)
+                        .size_limit(MAX_REGEX_BYTES)
+                        .dfa_size_limit(MAX_REGEX_BYTES)
+                        .build()
+                        .map_err(|e| match e {
+                            regex::Error::CompiledTooBig(limit) => bad(format!(
+                                "the regular expression '{value}' compiles to more than {limit} bytes; simplify it"
+                            )),
+                            e => bad(format!("invalid regular expression '{value}': {e}")),
+                        })?,
+                ),
+            };
+            Node::Test {
+                attribute: attribute.clone(),
+                test,
+            }
+        }
+        Predicate::In {
+            attribute,
+            values,
+            negated,
+        } => Node::Test {
+            attribute: attribute.clone(),
+            test: equals(&bad, attribute, values, *negated)?,
+        },
+    })
+}
+
+fn equals(
+    bad: &impl Fn(String) -> Error,
+    attribute: &Attribute,
+    values: &[String],
+    negated: bool,
+) -> Result<Test> {
+    match attribute {
+        Attribute::ClientAddr => {
+            let nets = values
+                .iter()
+                .map(|v| {
+                    Net::parse(v).ok_or_else(|| {
+                        bad(format!("'{v}' is not an IP address or CIDR block (write '10.0.0.0/8' or '::1')"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Test::Within { nets, negated })
+        }
+        Attribute::StatementKind => {
+            let values = values
+                .iter()
+                .map(|v| {
+                    let lower = v.to_ascii_lowercase();
+                    if STATEMENT_KINDS.contains(&lower.as_str()) {
+                        Ok(lower)
+                    } else {
+                        Err(bad(format!(
+                            "'{v}' is not a statement kind; statement_kind is one of {}",
+                            STATEMENT_KINDS.join(", ")
+                        )))
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Test::Equals { values, negated })
+        }
+        _ => Ok(Test::Equals {
+            values: values.to_vec(),
+            negated,
+        }),
+    }
+}
+
+/// The attribute's value as text (`None`: NULL). `client_addr` as text only for `LIKE`/`~`.
+fn text_of<'a>(attribute: &Attribute, facts: &Facts<'a>) -> Option<std::borrow::Cow<'a, str>> {
+    use std::borrow::Cow;
+    Some(match attribute {
+        Attribute::User => Cow::Borrowed(facts.user),
+        Attribute::Database => Cow::Borrowed(facts.database?),
+        Attribute::ApplicationName => Cow::Borrowed(facts.application_name?),
+        Attribute::ClientAddr => Cow::Owned(facts.client_addr?.to_string()),
+        Attribute::StatementKind => Cow::Borrowed(facts.statement_kind.name()),
+        Attribute::Query => Cow::Borrowed(facts.query),
+        Attribute::Tag(key) => Cow::Borrowed(
+            facts
+                .tags
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())?,
+        ),
+    })
+}
+
+/// Three-valued: `None` is unknown (a NULL attribute compared).
+fn eval(node: &Node, facts: &Facts<'_>) -> Option<bool> {
+    match node {
+        Node::And(a, b) => match eval(a, facts) {
+            Some(false) => Some(false),
+            left => match (left, eval(b, facts)?) {
+                (_, false) => Some(false),
+                (Some(true), true) => Some(true),
+                _ => None,
+            },
+        },
+        Node::Or(a, b) => match eval(a, facts) {
+            Some(true) => Some(true),
+            left => match (left, eval(b, facts)) {
+                (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            },
+        },
+        Node::Not(a) => eval(a, facts).map(|v| !v),
+        Node::IsNull { attribute, negated } => {
+            let null = match attribute {
+                Attribute::ClientAddr => facts.client_addr.is_none(),
+                other => text_of(other, facts).is_none(),
+            };
+            Some(null != *negated)
+        }
+        Node::Test { attribute, test } => match test {
+            Test::Within { nets, negated } => {
+                let ip = facts.client_addr?;
+                Some(nets.iter().any(|n| n.contains(ip)) != *negated)
+            }
+            Test::Equals { values, negated } => {
+                let v = text_of(attribute, facts)?;
+                Some(values.iter().any(|x| *x == v) != *negated)
+            }
+            Test::Like(like) => Some(like.matches(&text_of(attribute, facts)?)),
+            Test::Regex(re) => Some(re.is_match(&text_of(attribute, facts)?)),
+        },
+    }
+}
+
+/// Every classifier of a catalog, compiled and in the order they are tried.
+#[derive(Debug, Default, Clone)]
+pub struct Rules {
+    /// By rank (highest first), then name.
+    rules: Vec<Arc<Rule>>,
+    reads_tags: bool,
+}
+
+impl Rules {
+    pub(crate) fn new(mut rules: Vec<Arc<Rule>>) -> Rules {
+        rules.sort_by(|a, b| b.rank.cmp(&a.rank).then_with(|| a.name.cmp(&b.name)));
+        let reads_tags = rules.iter().any(|r| r.reads_tags());
+        Rules { rules, reads_tags }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// In the order they are tried.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.iter()
+    }
+
+    /// Whether any rule reads `tag('…')` (only then are a statement's comments read).
+    pub fn reads_tags(&self) -> bool {
+        self.reads_tags
+    }
+
+    /// Classifies a statement and counts it: the first live rule that matches routes it
+    /// (`None`: no rule matched; it runs in the default); each dry-run rule ranked before that
+    /// one that matches counts a would-be match and is reported to `on_dry_run`.
+    pub fn classify(
+        &self,
+        facts: &Facts<'_>,
+        mut on_dry_run: impl FnMut(&Rule),
+    ) -> Option<&Arc<Rule>> {
+        for rule in &self.rules {
+            if !rule.matches(facts) {
+                continue;
+            }
+            rule.stats.count();
+            if rule.dry_run {
+                on_dry_run(rule);
+                continue;
+            }
+            return Some(rule);
+        }
+        None
+    }
+
+    /// The live rule that would route `facts`, counting nothing (to classify a waiting
+    /// statement again after the rules changed).
+    pub fn route(&self, facts: &Facts<'_>) -> Option<&Arc<Rule>> {
+        self.rules
+            .iter()
+            .find(|r| !r.dry_run && r.matches(facts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(predicate: &str) -> Result<Rule> {
+        let sql = format!("CREATE CLASSIFIER c WORKLOAD w WHEN {predicate}");
+        match sluice_sql::parse_statement(&sql)? {
+            sluice_sql::Statement::CreateClassifier(c) => Rule::compile(&c),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn facts() -> Facts<'static> {
+        Facts {
+            user: "alice",
+            database: Some("shop"),
+            application_name: None,
+            client_addr: Some("10.1.2.3".parse().expect("ip")),
+            statement_kind: StatementKind::Select,
+            query: "SELECT * FROM orders /* team='billing' */",
+            tags: &[],
+        }
+    }
+
+    #[test]
+    fn predicates_over_a_table_of_inputs() {
+        let tags = [("team".to_string(), "billing".to_string())];
+        let base = Facts {
+            tags: &tags,
+            ..facts()
+        };
+        let v6 = Facts {
+            client_addr: Some("::ffff:10.1.2.3".parse().expect("ip")),
+            ..base
+        };
+        let socket = Facts {
+            client_addr: None,
+            ..base
+        };
+        let metabase = Facts {
+            application_name: Some("Metabase v0.50"),
+            ..base
+        };
+        // (predicate, facts, matches)
+        let table: &[(&str, &Facts<'_>, bool)] = &[
+            ("user = 'alice'", &base, true),
+            ("user = 'Alice'", &base, false),
+            ("user <> 'bob'", &base, true),
+            ("user IN ('bob', 'alice')", &base, true),
+            ("user NOT IN ('bob', 'alice')", &base, false),
+            ("client_addr = '10.0.0.0/8'", &base, true),
+            ("client_addr = '10.1.2.3'", &base, true),
+            ("client_addr = '10.1.2.4/32'", &base, false),
+            ("client_addr IN ('192.168.0.0/16', '10.1.0.0/16')", &base, true),
+            ("client_addr = '10.0.0.0/8'", &v6, true),
+            ("client_addr = '0.0.0.0/0'", &base, true),
+            ("client_addr = '::/0'", &base, false),
+            ("client_addr <> '10.0.0.0/8'", &base, false),
+            // A Unix socket has no address: NULL, so neither = nor <> holds.
+            ("client_addr = '10.0.0.0/8'", &socket, false),
+            ("client_addr <> '10.0.0.0/8'", &socket, false),
+            ("client_addr IS NULL", &socket, true),
+            ("client_addr LIKE '10.%'", &base, true),
+            ("statement_kind = 'SELECT'", &base, true),
+            ("statement_kind IN ('insert', 'update')", &base, false),
+            ("query ~ '(?i)from\\\\s+orders'", &base, true),
+            ("query ~ '^INSERT'", &base, false),
+            ("query LIKE 'SELECT%orders%'", &base, true),
+            ("query LIKE 'select%'", &base, false),
+            ("query ILIKE 'select%'", &base, true),
+            ("query LIKE 'SELECT _ FROM%'", &base, true),
+            ("query LIKE '%100\\%%'", &base, false),
+            ("tag('team') = 'billing'", &base, true),
+            ("tag('team') = 'ops'", &base, false),
+            ("tag('missing') = 'x'", &base, false),
+            ("tag('missing') <> 'x'", &base, false),
+            ("NOT tag('missing') = 'x'", &base, false),
+            ("tag('missing') IS NULL", &base, true),
+            ("tag('team') IS NOT NULL", &base, true),
+            // Unknown OR true is true; unknown AND false is false.
+            ("application_name = 'x' OR user = 'alice'", &base, true),
+            ("NOT (application_name = 'x' AND user = 'bob')", &base, true),
+            ("application_name ILIKE 'metabase%'", &metabase, true),
+            ("application_name ILIKE 'metabase%'", &base, false),
+            ("database = 'shop' AND NOT user IN ('bob')", &base, true),
+        ];
+        for (predicate, facts, expected) in table {
+            let r = rule(predicate).unwrap_or_else(|e| panic!("{predicate}: {e}"));
+            assert_eq!(r.matches(facts), *expected, "{predicate}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused_when_the_rule_is_created() {
+        for (predicate, says) in [
+            ("client_addr = '10.0.0.0/33'", "not an IP address or CIDR block"),
+            ("client_addr IN ('10.0.0.1', 'localhost')", "'localhost' is not an IP"),
+            ("statement_kind = 'merge'", "statement_kind is one of select"),
+            ("query ~ '(unclosed'", "invalid regular expression"),
+            ("query ~ '\\w{1000}{1000}'", "compiles to more than"),
+        ] {
+            let e = rule(predicate).err().map(|e| (e.code, e.message));
+            assert!(
+                e.as_ref().is_some_and(|(code, m)| *code
+                    == sluice_sql::ErrorCode::BadArguments
+                    && m.contains(says)),
+                "{predicate}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_are_tried_by_rank_then_name_and_dry_runs_only_count() {
+        let compile = |sql: &str| match sluice_sql::parse_statement(sql) {
+            Ok(sluice_sql::Statement::CreateClassifier(c)) => {
+                Arc::new(Rule::compile(&c).expect("compiles"))
+            }
+            other => panic!("{other:?}"),
+        };
+        let rules = Rules::new(vec![
+            compile("CREATE CLASSIFIER b WORKLOAD wb WHEN user = 'alice'"),
+            compile("CREATE CLASSIFIER a WORKLOAD wa WHEN user = 'alice'"),
+            compile("CREATE CLASSIFIER top WORKLOAD wt WHEN user = 'bob' RANK 5"),
+            compile("CREATE CLASSIFIER try WORKLOAD wx WHEN database = 'shop' RANK 9 DRY RUN"),
+        ]);
+        let order: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(order, ["try", "top", "a", "b"]);
+        let mut dry = Vec::new();
+        let routed = rules.classify(&facts(), |r| dry.push(r.name.clone()));
+        assert_eq!(routed.map(|r| r.workload.as_str()), Some("wa"));
+        assert_eq!(dry, ["try"]);
+        let counts: Vec<u64> = rules.iter().map(|r| r.stats.matches()).collect();
+        assert_eq!(counts, [1, 0, 1, 0]);
+        assert!(rules.iter().next().is_some_and(|r| r.stats.last_match().is_some()));
+        // Routing again for a waiting statement counts nothing.
+        assert_eq!(rules.route(&facts()).map(|r| r.name.as_str()), Some("a"));
+        assert_eq!(rules.iter().map(|r| r.stats.matches()).sum::<u64>(), 2);
+        let nobody = Facts {
+            user: "carol",
+            database: None,
+            ..facts()
+        };
+        assert!(rules.classify(&nobody, |_| {}).is_none());
+    }
+}
