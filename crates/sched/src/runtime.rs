@@ -7,6 +7,15 @@
 //! A grant becomes a [`Permit`]; dropping it gives back what it holds on every `inflight_limit`
 //! of its path, which may let the next request through.
 //!
+//! A `priority` node serves its highest-priority active child, except that a child with
+//! sluice's `outranked_share` takes that fraction of the node's dequeues while it is outranked
+//! (credit in integer millionths: a share of 0.1 is exactly every tenth dequeue); with every
+//! share 0 it is ClickHouse's strict priority.
+//!
+//! A waiting request can move to another leaf's queue ([`Acquire::move_to`]) keeping its
+//! arrival order: request ids are arrival order, every queue is sorted by id, and a successor
+//! scheduler keeps the ids of the requests it takes over.
+//!
 //! A granted [`Permit`] can move: [`Permit::move_to`] takes it to another leaf workload of the
 //! same resource (it leaves the old path's `inflight_limit`s and counts in the new path's,
 //! without being released), and [`Permit::set_cost`] changes the cost it holds. Both count the
@@ -49,6 +58,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::tree::{Node, NodeKind, ResourceTree};
+
+/// One dequeue in the credit units of `outranked_share` (millionths: integers, so a share of
+/// 0.1 takes exactly every tenth dequeue, never drifting).
+const ONE_DEQUEUE: u64 = 1_000_000;
 
 /// Where time comes from. The default follows tokio's clock, so tests can pause and advance
 /// time (`tokio::time::pause`) and timing logic runs deterministically in virtual time.
@@ -139,6 +152,10 @@ struct RtNode {
     priority: i64,
     /// Start-time fair queueing tag, kept by the node for its fair parent.
     vruntime: f64,
+    /// `outranked_share` in millionths, read by a priority parent (0: strict priority).
+    outranked_share: u64,
+    /// Millionths of a dequeue earned while outranked; at [`ONE_DEQUEUE`] the node takes one.
+    credit: u64,
     has_fair_parent: bool,
     /// The workload whose subtree this node belongs to (for constraints: the one they limit).
     owner: Option<String>,
@@ -326,7 +343,9 @@ impl ResourceScheduler {
             }
         }
         // Waiting requests, leaf by leaf in queue order (the order within a leaf is the
-        // order they are served in; across leaves the new tree decides).
+        // order they are served in; across leaves the new tree decides). They keep their ids,
+        // which are their arrival order (queues stay sorted by id; see `Acquire::move_to`).
+        new.next_id = new.next_id.max(old.next_id);
         let mut moved = HashMap::new();
         for leaf in 0..old.nodes.len() {
             let queued: Vec<u64> = match &mut old.nodes[leaf].kind {
@@ -343,8 +362,7 @@ impl ResourceScheduler {
                 // No queue for it any more: dropping its sender fails the wait with
                 // INVALID_SCHEDULER_NODE, as ClickHouse's purge does.
                 let Some(target) = target else { continue };
-                let new_id = new.next_id;
-                new.next_id += 1;
+                let new_id = id;
                 if let RtKind::Queue { queue, .. } = &mut new.nodes[target].kind {
                     queue.push_back(new_id);
                 }
@@ -522,6 +540,8 @@ fn add_node(
         weight: node.weight,
         priority: node.priority,
         vruntime: 0.0,
+        outranked_share: (node.outranked_share.clamp(0.0, 1.0) * ONE_DEQUEUE as f64).round() as u64,
+        credit: 0,
         has_fair_parent: fair_parent,
         owner: workload.map(str::to_string),
         kind,
@@ -719,15 +739,8 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
             dequeue(state, child, now, constraints)
         }
         RtKind::Priority => {
-            let mut best: Option<usize> = None;
-            for c in children {
-                if is_active(state, c, now)
-                    && best.is_none_or(|b| state.nodes[c].priority < state.nodes[b].priority)
-                {
-                    best = Some(c);
-                }
-            }
-            dequeue(state, best?, now, constraints)
+            let chosen = pick_by_priority(state, &children, now)?;
+            dequeue(state, chosen, now, constraints)
         }
         RtKind::Fair {
             system_vruntime, ..
@@ -788,6 +801,47 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
     Some(id)
 }
 
+/// The child of a priority node that gives the next request: the active child of highest
+/// priority (lowest value), unless an outranked active child with an `outranked_share` has
+/// earned a whole dequeue. Each outranked active child earns its share of every dequeue; a
+/// child that is idle or not outranked keeps no credit (a share is a floor while outranked,
+/// not a debt paid later). The richest child that has earned one dequeue takes it, ties to
+/// the higher priority; with every share 0 this is ClickHouse's strict priority.
+fn pick_by_priority(state: &mut State, children: &[usize], now: Instant) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    let mut active = Vec::with_capacity(children.len());
+    for &c in children {
+        if is_active(state, c, now) {
+            active.push(c);
+            if best.is_none_or(|b| state.nodes[c].priority < state.nodes[b].priority) {
+                best = Some(c);
+            }
+        } else {
+            state.nodes[c].credit = 0;
+        }
+    }
+    let best = best?;
+    let top = state.nodes[best].priority;
+    let mut chosen = best;
+    let mut richest = 0;
+    for &c in &active {
+        let node = &mut state.nodes[c];
+        if node.priority == top || node.outranked_share == 0 {
+            node.credit = 0;
+            continue;
+        }
+        node.credit += node.outranked_share;
+        if node.credit >= ONE_DEQUEUE && node.credit > richest {
+            richest = node.credit;
+            chosen = c;
+        }
+    }
+    if chosen != best {
+        state.nodes[chosen].credit -= ONE_DEQUEUE;
+    }
+    Some(chosen)
+}
+
 /// The earliest moment a throttler that holds back waiting requests has tokens again.
 fn next_refill(state: &mut State, n: usize, now: Instant) -> Option<Instant> {
     if state.nodes[n].pending == 0 {
@@ -840,6 +894,69 @@ impl Acquire {
     /// client where its query waits.
     pub fn queue_path(&self) -> &str {
         &self.queue_path
+    }
+
+    /// Moves the request, still waiting, to the queue of leaf `workload` of this resource, in
+    /// arrival order: ahead of every request there that arrived after it, behind the rest.
+    /// Nothing else changes (it keeps its cost; limits are checked when it is dequeued).
+    /// `Ok(false)` when there is nothing to move — the request was granted or failed meanwhile,
+    /// or `workload` has no node in this tree — so the caller decides (poll it, or ask again).
+    /// Fails, changing nothing, for a workload that has children.
+    pub fn move_to(&mut self, workload: &str) -> Result<bool> {
+        let (Some(rx), Some(shared)) = (&self.rx, &self.shared) else {
+            return Ok(false);
+        };
+        if !rx.is_empty() {
+            return Ok(false);
+        }
+        let mut shared = shared.clone();
+        let mut id = self.id;
+        loop {
+            let mut state = shared.lock();
+            if state.waiting.contains_key(&id) {
+                let target = match state.leaves.get(workload) {
+                    None => return Ok(false),
+                    Some(None) => {
+                        return Err(Error::new(
+                            ErrorCode::InvalidSchedulerNode,
+                            format!("Unable to link to workload '{workload}' that has children"),
+                        ))
+                    }
+                    Some(Some(leaf)) => *leaf,
+                };
+                let from = state.waiting[&id].leaf;
+                if from == target {
+                    return Ok(true);
+                }
+                if let RtKind::Queue { queue, .. } = &mut state.nodes[from].kind {
+                    queue.retain(|&q| q != id);
+                }
+                count_pending(&mut state, from, false);
+                if let RtKind::Queue { queue, .. } = &mut state.nodes[target].kind {
+                    let at = queue.partition_point(|&q| q < id);
+                    queue.insert(at, id);
+                }
+                count_pending(&mut state, target, true);
+                if let Some(w) = state.waiting.get_mut(&id) {
+                    w.leaf = target;
+                }
+                self.queue_path = state.nodes[target].path.clone();
+                shared.dispatch(&mut state);
+                return Ok(true);
+            }
+            let next = state.successor.as_ref().and_then(|s| {
+                let moved_to = *s.moved.get(&id)?;
+                Some((s.shared.upgrade()?, moved_to))
+            });
+            drop(state);
+            match next {
+                Some((successor, moved_to)) => {
+                    shared = successor;
+                    id = moved_to;
+                }
+                None => return Ok(false),
+            }
+        }
     }
 
     /// Whether the grant has been decided already (the first poll will be ready).

@@ -10,6 +10,12 @@
 //! - `acquire NAME WORKLOAD [cost=N]`: a request; says whether it was granted or waits.
 //! - `release NAME` / `cancel NAME`: drops a granted request's permit / a waiting request.
 //! - `move NAME WORKLOAD`: moves a granted request to another leaf without releasing it.
+//! - `requeue NAME WORKLOAD`: moves a waiting request to another leaf's queue (arrival order
+//!   kept).
+//! - `fill PREFIX WORKLOAD N`: N requests `PREFIX1` … `PREFIXN`; says how many were granted.
+//! - `serve N`: N times, releases the oldest granted request (one dequeue each, under a
+//!   concurrency limit); says how many of the N dequeues went to each workload, and for up
+//!   to 20 the names in grant order.
 //! - `resize NAME COST`: changes the cost a granted request holds.
 //! - `advance DURATION` (`250ms`, `2s`): moves virtual time on.
 //! - `print`: every node's live state.
@@ -155,6 +161,70 @@ impl Script {
                     .move_to(&scheduler, workload)
                     .map_err(|e| e.to_string())?;
                 Ok(vec![])
+            }
+            ["requeue", name, workload] => {
+                let Request::Waiting(acquire) = self.request(name)? else {
+                    return Err(format!("{name} is not waiting"));
+                };
+                match acquire.move_to(workload) {
+                    Ok(true) => Ok(vec![]),
+                    Ok(false) => Ok(vec![format!("{name}: nothing to move")]),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            ["fill", prefix, workload, n] => {
+                let n: usize = n.parse().map_err(|_| "fill PREFIX WORKLOAD N")?;
+                let scheduler = self.scheduler()?.clone();
+                let mut granted = 0;
+                for i in 1..=n {
+                    let mut acquire = scheduler.acquire(workload, 1).map_err(|e| e.to_string())?;
+                    let request = match poll_once(&mut acquire) {
+                        Some(Ok(permit)) => {
+                            granted += 1;
+                            Request::Granted(permit)
+                        }
+                        Some(Err(e)) => return Err(e.to_string()),
+                        None => Request::Waiting(acquire),
+                    };
+                    self.requests.push((format!("{prefix}{i}"), request));
+                }
+                Ok(vec![format!("{prefix}: {granted} of {n} granted")])
+            }
+            ["serve", n] => {
+                let n: usize = n.parse().map_err(|_| "serve N")?;
+                let mut order = Vec::new();
+                let mut by_workload: BTreeMap<String, usize> = BTreeMap::new();
+                for _ in 0..n {
+                    let Some(oldest) = self
+                        .requests
+                        .iter()
+                        .position(|(_, r)| matches!(r, Request::Granted(_)))
+                    else {
+                        break;
+                    };
+                    self.requests.remove(oldest);
+                    // A fresh coop budget: tokio's oneshot answers Pending after 128 ready
+                    // polls in one task poll, which would hide grants from `resolved`.
+                    tokio::task::yield_now().await;
+                    for line in self.resolved() {
+                        let name = line.trim_end_matches(": granted").to_string();
+                        let workload = match self.request(&name) {
+                            Ok(Request::Granted(p)) => p.workload().unwrap_or("").to_string(),
+                            _ => "(failed)".into(),
+                        };
+                        *by_workload.entry(workload).or_default() += 1;
+                        order.push(name);
+                    }
+                }
+                let counts: Vec<String> = by_workload
+                    .iter()
+                    .map(|(w, c)| format!("{w}={c}"))
+                    .collect();
+                let mut out = vec![format!("{} dequeues: {}", order.len(), counts.join(" "))];
+                if order.len() <= 20 {
+                    out.push(format!("order: {}", order.join(" ")));
+                }
+                Ok(out)
             }
             ["resize", name, cost] => {
                 let cost: i64 = cost.parse().map_err(|_| "resize NAME COST")?;
