@@ -65,7 +65,9 @@ pub fn dump(catalog: &Catalog, machine: Machine) -> Result<String> {
     // sluice's own: only when there are any, so a ClickHouse-only catalog dumps exactly as
     // ClickHouse does.
     if catalog.rules().iter().next().is_some() {
-        out.push_str("== system.classifiers\nname\tworkload\trank\tdry_run\tpredicate\tcreate_query\n");
+        out.push_str(
+            "== system.classifiers\nname\tworkload\trank\tdry_run\tpredicate\tcreate_query\n",
+        );
         for c in catalog.classifiers() {
             let sluice_catalog::Entity::Classifier(c) = &c.entity else {
                 continue;
@@ -73,7 +75,12 @@ pub fn dump(catalog: &Catalog, machine: Machine) -> Result<String> {
             let _ = writeln!(
                 out,
                 "{}\t{}\t{}\t{}\t{}\t{}",
-                c.name, c.workload, c.rank, u8::from(c.dry_run), c.predicate, c
+                c.name,
+                c.workload,
+                c.rank,
+                u8::from(c.dry_run),
+                c.predicate,
+                c
             );
         }
     }

@@ -460,7 +460,9 @@ impl Catalog {
     fn check_workload(&self, w: &CreateWorkload) -> Result<()> {
         if let Some(parent) = w.parent.as_deref() {
             let routing = self.classifiers_of(parent);
-            if !routing.is_empty() && self.workload(&w.name).and_then(|o| o.parent.as_deref()) != Some(parent) {
+            if !routing.is_empty()
+                && self.workload(&w.name).and_then(|o| o.parent.as_deref()) != Some(parent)
+            {
                 return Err(Error::new(
                     ErrorCode::InvalidSchedulerNode,
                     format!(
@@ -588,11 +590,7 @@ impl Catalog {
         Ok(())
     }
 
-    fn store_classifier(
-        &mut self,
-        c: &CreateClassifier,
-        origin: Origin,
-    ) -> Result<Option<Change>> {
+    fn store_classifier(&mut self, c: &CreateClassifier, origin: Origin) -> Result<Option<Change>> {
         let name = c.name.as_str();
         if name.is_empty() {
             return Err(Error::bad_arguments("Classifier name should not be empty"));
@@ -646,7 +644,12 @@ impl Catalog {
                 origin,
             }),
         );
-        let mut rules: Vec<Arc<Rule>> = self.rules.iter().filter(|r| r.name != name).cloned().collect();
+        let mut rules: Vec<Arc<Rule>> = self
+            .rules
+            .iter()
+            .filter(|r| r.name != name)
+            .cloned()
+            .collect();
         rules.push(rule);
         self.rules = Rules::new(rules);
         Ok(Some(Change::Upsert(entity)))
@@ -670,7 +673,13 @@ impl Catalog {
         }
         self.version += 1;
         self.classifiers.remove(&d.name);
-        self.rules = Rules::new(self.rules.iter().filter(|r| r.name != d.name).cloned().collect());
+        self.rules = Rules::new(
+            self.rules
+                .iter()
+                .filter(|r| r.name != d.name)
+                .cloned()
+                .collect(),
+        );
         Ok(Some(Change::Remove {
             kind: EntityKind::Classifier,
             name: d.name.clone(),
@@ -830,16 +839,49 @@ mod tests {
         ] {
             c = ok(c, sql);
         }
-        let code = |c: &Catalog, sql: &str| run(c, sql).map(|_| ()).map_err(|e| (e.code, e.message));
+        let code =
+            |c: &Catalog, sql: &str| run(c, sql).map(|_| ()).map_err(|e| (e.code, e.message));
         for (sql, expected, says) in [
-            ("CREATE CLASSIFIER x WORKLOAD nowhere WHEN user = 'a'", ErrorCode::BadArguments, "doesn't exist"),
-            ("CREATE CLASSIFIER x WORKLOAD q WHEN user = 'a'", ErrorCode::BadArguments, "is a resource"),
-            ("CREATE CLASSIFIER x WORKLOAD all WHEN user = 'a'", ErrorCode::InvalidSchedulerNode, "has children"),
-            ("CREATE CLASSIFIER prod WORKLOAD dev WHEN user = 'a'", ErrorCode::BadArguments, "already exists"),
-            ("CREATE CLASSIFIER x WORKLOAD dev WHEN query ~ '('", ErrorCode::BadArguments, "invalid regular expression"),
-            ("DROP WORKLOAD dev", ErrorCode::BadArguments, "Classifiers route to it: tagged"),
-            ("CREATE WORKLOAD sub IN prod", ErrorCode::InvalidSchedulerNode, "classifiers route queries to it (prod)"),
-            ("DROP CLASSIFIER nope", ErrorCode::ResourceNotFound, "doesn't exist"),
+            (
+                "CREATE CLASSIFIER x WORKLOAD nowhere WHEN user = 'a'",
+                ErrorCode::BadArguments,
+                "doesn't exist",
+            ),
+            (
+                "CREATE CLASSIFIER x WORKLOAD q WHEN user = 'a'",
+                ErrorCode::BadArguments,
+                "is a resource",
+            ),
+            (
+                "CREATE CLASSIFIER x WORKLOAD all WHEN user = 'a'",
+                ErrorCode::InvalidSchedulerNode,
+                "has children",
+            ),
+            (
+                "CREATE CLASSIFIER prod WORKLOAD dev WHEN user = 'a'",
+                ErrorCode::BadArguments,
+                "already exists",
+            ),
+            (
+                "CREATE CLASSIFIER x WORKLOAD dev WHEN query ~ '('",
+                ErrorCode::BadArguments,
+                "invalid regular expression",
+            ),
+            (
+                "DROP WORKLOAD dev",
+                ErrorCode::BadArguments,
+                "Classifiers route to it: tagged",
+            ),
+            (
+                "CREATE WORKLOAD sub IN prod",
+                ErrorCode::InvalidSchedulerNode,
+                "classifiers route queries to it (prod)",
+            ),
+            (
+                "DROP CLASSIFIER nope",
+                ErrorCode::ResourceNotFound,
+                "doesn't exist",
+            ),
         ] {
             match code(&c, sql) {
                 Err((got, message)) => {
@@ -856,7 +898,10 @@ mod tests {
         // Replaced, then dropped: the target is free again.
         let before = c.rules().iter().map(|r| r.name.clone()).collect::<Vec<_>>();
         assert_eq!(before, ["tagged", "prod"]);
-        c = ok(c, "CREATE OR REPLACE CLASSIFIER tagged WORKLOAD prod WHEN tag('team') = 'x'");
+        c = ok(
+            c,
+            "CREATE OR REPLACE CLASSIFIER tagged WORKLOAD prod WHEN tag('team') = 'x'",
+        );
         assert_eq!(c.classifiers_of("prod"), ["prod", "tagged"]);
         c = ok(c, "DROP WORKLOAD dev");
         c = ok(c, "DROP CLASSIFIER IF EXISTS nope");

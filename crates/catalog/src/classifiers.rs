@@ -44,6 +44,45 @@ pub struct Facts<'a> {
     pub tags: &'a [(String, String)],
 }
 
+/// [`Facts`] that own their text: kept with a statement a rule placed while it waits, to
+/// classify it again when that rule is replaced or dropped.
+#[derive(Debug, Clone)]
+pub struct OwnedFacts {
+    pub user: String,
+    pub database: Option<String>,
+    pub application_name: Option<String>,
+    pub client_addr: Option<IpAddr>,
+    pub statement_kind: StatementKind,
+    pub query: String,
+    pub tags: Vec<(String, String)>,
+}
+
+impl OwnedFacts {
+    pub fn of(facts: &Facts<'_>) -> OwnedFacts {
+        OwnedFacts {
+            user: facts.user.to_string(),
+            database: facts.database.map(str::to_string),
+            application_name: facts.application_name.map(str::to_string),
+            client_addr: facts.client_addr,
+            statement_kind: facts.statement_kind,
+            query: facts.query.to_string(),
+            tags: facts.tags.to_vec(),
+        }
+    }
+
+    pub fn facts(&self) -> Facts<'_> {
+        Facts {
+            user: &self.user,
+            database: self.database.as_deref(),
+            application_name: self.application_name.as_deref(),
+            client_addr: self.client_addr,
+            statement_kind: self.statement_kind,
+            query: &self.query,
+            tags: &self.tags,
+        }
+    }
+}
+
 /// How often a rule matched (for a dry-run rule: would have), and when last.
 #[derive(Debug, Default)]
 pub struct RuleStats {
@@ -98,9 +137,15 @@ enum Node {
 #[derive(Debug)]
 enum Test {
     /// `=` / `IN` (negated: `<>` / `NOT IN`).
-    Equals { values: Vec<String>, negated: bool },
+    Equals {
+        values: Vec<String>,
+        negated: bool,
+    },
     /// `client_addr` `=` / `IN` (negated: `<>` / `NOT IN`): inside any of the blocks.
-    Within { nets: Vec<Net>, negated: bool },
+    Within {
+        nets: Vec<Net>,
+        negated: bool,
+    },
     Like(Like),
     Regex(regex::Regex),
 }
@@ -483,9 +528,7 @@ impl Rules {
     /// The live rule that would route `facts`, counting nothing (to classify a waiting
     /// statement again after the rules changed).
     pub fn route(&self, facts: &Facts<'_>) -> Option<&Arc<Rule>> {
-        self.rules
-            .iter()
-            .find(|r| !r.dry_run && r.matches(facts))
+        self.rules.iter().find(|r| !r.dry_run && r.matches(facts))
     }
 }
 
@@ -542,7 +585,11 @@ mod tests {
             ("client_addr = '10.0.0.0/8'", &base, true),
             ("client_addr = '10.1.2.3'", &base, true),
             ("client_addr = '10.1.2.4/32'", &base, false),
-            ("client_addr IN ('192.168.0.0/16', '10.1.0.0/16')", &base, true),
+            (
+                "client_addr IN ('192.168.0.0/16', '10.1.0.0/16')",
+                &base,
+                true,
+            ),
             ("client_addr = '10.0.0.0/8'", &v6, true),
             ("client_addr = '0.0.0.0/0'", &base, true),
             ("client_addr = '::/0'", &base, false),
@@ -584,17 +631,26 @@ mod tests {
     #[test]
     fn bad_values_are_refused_when_the_rule_is_created() {
         for (predicate, says) in [
-            ("client_addr = '10.0.0.0/33'", "not an IP address or CIDR block"),
-            ("client_addr IN ('10.0.0.1', 'localhost')", "'localhost' is not an IP"),
-            ("statement_kind = 'merge'", "statement_kind is one of select"),
+            (
+                "client_addr = '10.0.0.0/33'",
+                "not an IP address or CIDR block",
+            ),
+            (
+                "client_addr IN ('10.0.0.1', 'localhost')",
+                "'localhost' is not an IP",
+            ),
+            (
+                "statement_kind = 'merge'",
+                "statement_kind is one of select",
+            ),
             ("query ~ '(unclosed'", "invalid regular expression"),
             ("query ~ '\\w{1000}{1000}'", "compiles to more than"),
         ] {
             let e = rule(predicate).err().map(|e| (e.code, e.message));
             assert!(
-                e.as_ref().is_some_and(|(code, m)| *code
-                    == sluice_sql::ErrorCode::BadArguments
-                    && m.contains(says)),
+                e.as_ref()
+                    .is_some_and(|(code, m)| *code == sluice_sql::ErrorCode::BadArguments
+                        && m.contains(says)),
                 "{predicate}: {e:?}"
             );
         }
@@ -622,7 +678,10 @@ mod tests {
         assert_eq!(dry, ["try"]);
         let counts: Vec<u64> = rules.iter().map(|r| r.stats.matches()).collect();
         assert_eq!(counts, [1, 0, 1, 0]);
-        assert!(rules.iter().next().is_some_and(|r| r.stats.last_match().is_some()));
+        assert!(rules
+            .iter()
+            .next()
+            .is_some_and(|r| r.stats.last_match().is_some()));
         // Routing again for a waiting statement counts nothing.
         assert_eq!(rules.route(&facts()).map(|r| r.name.as_str()), Some("a"));
         assert_eq!(rules.iter().map(|r| r.stats.matches()).sum::<u64>(), 2);

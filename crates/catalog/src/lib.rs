@@ -25,7 +25,7 @@ pub mod storage;
 pub mod strict;
 
 pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored, MAX_WORKLOAD_DEPTH};
-pub use classifiers::{Facts, Rule, Rules};
+pub use classifiers::{Facts, OwnedFacts, Rule, Rules};
 pub use lanes::{Demotion, Lanes};
 pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
 pub use storage::{config_layer, escape_file_name, write_atomically, DiskStorage};

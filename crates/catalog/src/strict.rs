@@ -65,7 +65,8 @@ mod tests {
         ))
         .expect_err("refused");
         assert!(
-            e.message.starts_with("Unknown workload setting 'outranked_share'"),
+            e.message
+                .starts_with("Unknown workload setting 'outranked_share'"),
             "{}",
             e.message
         );
@@ -81,5 +82,4 @@ mod tests {
         }
         refuse_extensions(&stmt("DROP WORKLOAD c")).expect("plain");
     }
-
 }

@@ -374,8 +374,11 @@ impl Compiler<'_> {
                         fair.precedence = key;
                     } else {
                         fair.priority = key;
-                        fair.outranked_share =
-                            nodes.iter().map(|n| n.outranked_share).sum::<f64>().min(1.0);
+                        fair.outranked_share = nodes
+                            .iter()
+                            .map(|n| n.outranked_share)
+                            .sum::<f64>()
+                            .min(1.0);
                     }
                     fair.children = nodes;
                     Arc::new(fair)

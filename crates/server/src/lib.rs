@@ -147,7 +147,9 @@ pub async fn serve(
                     }
                 };
                 let watch = watch::ClientWatch::new(&socket);
-                let connection = Arc::new(Connection::new(shared.clone(), manager.clone(), watch));
+                let connection = Arc::new(
+                    Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
+                );
                 let handlers = Arc::new(Handlers {
                     startup: Arc::new(Startup::new(
                         &shared.users,

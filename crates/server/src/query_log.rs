@@ -43,6 +43,8 @@ pub struct Row {
     pub fingerprint: String,
     /// When it arrived.
     pub arrived: SystemTime,
+    /// When it was admitted (`None`: it never was).
+    pub admitted: Option<SystemTime>,
     pub queued_ms: u64,
     pub run_ms: u64,
     pub outcome: Outcome,
@@ -100,6 +102,7 @@ mod tests {
             initial_workload: "w".into(),
             fingerprint: String::new(),
             arrived: SystemTime::UNIX_EPOCH,
+            admitted: None,
             queued_ms: 0,
             run_ms: 0,
             outcome: Outcome::Ok,

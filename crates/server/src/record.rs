@@ -143,6 +143,7 @@ impl Drop for RunRecord {
             initial_workload: std::mem::take(&mut self.initial_workload),
             fingerprint: std::mem::take(&mut self.fingerprint.id),
             arrived: self.arrived,
+            admitted: self.admitted.as_ref().map(|_| self.arrived + queued),
             queued_ms: queued.as_millis() as u64,
             run_ms,
             outcome,

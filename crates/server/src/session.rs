@@ -191,6 +191,10 @@ pub struct Connection {
     /// The fingerprints of the texts this connection ran lately: a client repeats its
     /// statements, and a fingerprint costs a second lexing pass.
     fingerprints: Mutex<HashMap<String, sluice_sql::Fingerprint>>,
+    /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
+    peer: Option<std::net::IpAddr>,
+    /// The database named at start-up, for classifiers' `database`.
+    database: std::sync::OnceLock<String>,
 }
 
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
@@ -375,7 +379,15 @@ impl Connection {
             cancel: std::sync::OnceLock::new(),
             cursors: tokio::sync::Mutex::default(),
             fingerprints: Mutex::default(),
+            peer: None,
+            database: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The connection's client is at `peer`.
+    pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
+        self.peer = Some(peer.ip());
+        self
     }
 
     fn var(&self, name: &str) -> Option<String> {
@@ -535,15 +547,12 @@ impl Connection {
             }
             ClientStatement::ShowCreate { kind, name } => {
                 let snapshot = self.shared.snapshot();
-                let stored = snapshot
-                    .catalog
-                    .entity(kind, &name)
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorCode::ResourceNotFound,
-                            format!("Workload entity '{name}' doesn't exist"),
-                        )
-                    })?;
+                let stored = snapshot.catalog.entity(kind, &name).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::ResourceNotFound,
+                        format!("Workload entity '{name}' doesn't exist"),
+                    )
+                })?;
                 Ok(one_column(
                     "create_query",
                     vec![stored.entity.create_query()],
@@ -655,20 +664,79 @@ impl Connection {
         }
     }
 
-    /// The workload a query runs in: the `SETTINGS` tail's, else the session's, else the
-    /// user's default, else `default` — unless the user is pinned to one.
+    /// The workload a query runs in, classifiers aside: [`Connection::chosen_workload`], else
+    /// [`Connection::fallback_workload`].
     fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
+        Ok(match self.chosen_workload(user, requested)? {
+            Some(w) => w,
+            None => self.fallback_workload(user),
+        })
+    }
+
+    /// The workload chosen for a query before any classifier is asked: the user's pinned one
+    /// (a request for another is refused), else the `SETTINGS` tail's, else the session's.
+    fn chosen_workload(&self, user: &str, requested: Option<String>) -> Result<Option<String>> {
         let requested = requested.or_else(|| self.var("workload"));
         let config = self.shared.users.get(user);
         if let Some(pinned) = config.and_then(|u| u.pinned_workload.as_ref()) {
             if let Some(r) = &requested {
                 self.check_pinned(user, r)?;
             }
-            return Ok(pinned.clone());
+            return Ok(Some(pinned.clone()));
         }
-        Ok(requested
-            .or_else(|| config.and_then(|u| u.default_workload.clone()))
-            .unwrap_or_else(|| "default".to_string()))
+        Ok(requested)
+    }
+
+    /// Where a query nobody chose a workload for, and no classifier placed, runs: its user's
+    /// `default_workload`, else `default`.
+    fn fallback_workload(&self, user: &str) -> String {
+        self.shared
+            .users
+            .get(user)
+            .and_then(|u| u.default_workload.clone())
+            .unwrap_or_else(|| "default".to_string())
+    }
+
+    /// The classifiers' verdict on a query nobody chose a workload for: the rule that places
+    /// it, with what it was judged on. Dry-run rules that match before it count and log.
+    fn classify(
+        &self,
+        user: &str,
+        query: &Query,
+        catalog: &sluice_catalog::Catalog,
+    ) -> Option<Arc<crate::state::Classified>> {
+        let rules = catalog.rules();
+        if rules.is_empty() {
+            return None;
+        }
+        let tags = if rules.reads_tags() {
+            sluice_sql::tags(&query.text)
+        } else {
+            Vec::new()
+        };
+        let application_name = self.var("application_name");
+        let facts = sluice_catalog::Facts {
+            user,
+            database: self.database.get().map(String::as_str),
+            application_name: application_name.as_deref(),
+            client_addr: self.peer,
+            statement_kind: query.kind,
+            query: &query.text,
+            tags: &tags,
+        };
+        let rule = rules.classify(&facts, |dry| {
+            tracing::info!(
+                classifier = %dry.name,
+                would_route_to = %dry.workload,
+                user,
+                "dry-run classifier matched"
+            );
+        })?;
+        Some(Arc::new(crate::state::Classified {
+            rule: rule.clone(),
+            facts: sluice_catalog::OwnedFacts::of(&facts),
+            fallback: self.fallback_workload(user),
+        }))
     }
 
     fn check_pinned(&self, user: &str, workload: &str) -> Result<()> {
@@ -732,11 +800,20 @@ impl Connection {
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
         let settings = query_settings(&query.settings)?;
-        let requested = self.workload_of(user, settings.workload.clone())?;
+        let chosen = self.chosen_workload(user, settings.workload.clone())?;
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
+        let classified = match chosen {
+            Some(_) => None,
+            None => self.classify(user, &query, &snapshot.catalog),
+        };
+        let requested = match (chosen, &classified) {
+            (Some(w), _) => w,
+            (None, Some(c)) => c.rule.workload.clone(),
+            (None, None) => self.fallback_workload(user),
+        };
         let fingerprint = self.fingerprint_of(&query.text);
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
         let workload = self.lane_of(
@@ -762,6 +839,7 @@ impl Connection {
             .admit_and_run(
                 user,
                 &workload,
+                classified,
                 query,
                 settings,
                 params,
@@ -822,6 +900,7 @@ impl Connection {
         &self,
         user: &str,
         workload: &str,
+        classified: Option<Arc<crate::state::Classified>>,
         query: Query,
         settings: QuerySettings,
         params: Vec<ScalarValue>,
@@ -831,6 +910,7 @@ impl Connection {
         let mut attachments: Vec<Attachment> = Vec::new();
         let pid = self.cancel.get().map(|((pid, _), _)| *pid);
         let guard = self.shared.register(user, workload, &query.text, pid);
+        guard.classified(classified);
         if let Some(record) = record.as_mut() {
             record.set_query_id(guard.query_id);
         }
@@ -839,7 +919,7 @@ impl Connection {
         let snapshot = self.shared.snapshot();
         let mut resources = snapshot.schedulers.iter();
         let mut next = resources.next();
-        while let Some((resource, scheduler)) = next {
+        'resources: while let Some((resource, scheduler)) = next {
             if !scheduler.has_workload(&workload) {
                 if self.shared.options.throw_on_unknown_workload {
                     return Err(access_denied(resource));
@@ -848,13 +928,13 @@ impl Connection {
                 continue;
             }
             let arrived = std::time::Instant::now();
-            let series = self.shared.metrics.series(resource, &workload);
+            let mut series = self.shared.metrics.series(resource, &workload);
             let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
                 if e.code == ErrorCode::ServerOverloaded {
                     series.rejected();
                 }
             })?;
-            let counted_waiting = series.waiting();
+            let mut counted_waiting = series.waiting();
             if !acquire.is_granted() {
                 guard.waiting_for(Some(resource));
                 notices
@@ -869,16 +949,23 @@ impl Connection {
                     )
                     .await;
             }
-            let permit = if acquire.is_granted() {
-                acquire.await?
-            } else {
+            let permit = loop {
+                if acquire.is_granted() {
+                    break (&mut acquire).await?;
+                }
                 tokio::select! {
-                    permit = acquire => permit?,
+                    permit = &mut acquire => break permit?,
                     e = guard.control.killed() => return Err(e),
                     to = guard.control.moved() => {
-                        // Out of this queue, into the new workload's: the permits already
-                        // held move with it, and this resource is asked again.
-                        drop(counted_waiting);
+                        // Into the new workload's queue, in arrival order (this resource's
+                        // request moves; the permits already held move with it).
+                        let in_place = match acquire.move_to(&to) {
+                            Ok(moved) => moved,
+                            Err(e) => {
+                                tracing::warn!(query_id = guard.query_id, to = %to, "waiting query not moved: {e}");
+                                continue;
+                            }
+                        };
                         for held in &mut attachments {
                             if let Some(s) = snapshot.schedulers.get(&held.resource) {
                                 held.permit.move_to(s, &to)?;
@@ -888,7 +975,14 @@ impl Connection {
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
                         self.shared.show_in(guard.query_id, &to);
                         workload = to;
-                        continue;
+                        drop(counted_waiting);
+                        if !in_place {
+                            // Granted meanwhile, or no queue for it here: ask this resource
+                            // again in the new workload (the old request is let go).
+                            continue 'resources;
+                        }
+                        series = self.shared.metrics.series(resource, &workload);
+                        counted_waiting = series.waiting();
                     }
                     _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
                     _ = self.watch.gone() => return Err(client_gone()),
@@ -1283,6 +1377,12 @@ impl NoopStartupHandler for Connection {
 impl StartupOptions for Connection {
     /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
     fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
+        if let Some(database) = metadata.get("database") {
+            let _ = self.database.set(database.clone());
+        }
+        if let Some(name) = metadata.get("application_name") {
+            self.set_var("application_name", Some(name.clone()));
+        }
         if let Some(options) = metadata.get("options").cloned() {
             let mut parts = options.split_whitespace();
             while let Some(part) = parts.next() {

@@ -139,6 +139,18 @@ pub struct Process {
     pub pid: Option<i32>,
     /// How an operator reaches the statement: `KILL QUERY`, `MOVE QUERY` while it waits.
     pub control: Arc<Control>,
+    /// The classifier that placed it, when one did (see [`Shared::reclassify_waiting`]).
+    pub classified: Option<Arc<Classified>>,
+}
+
+/// A statement a classifier placed: the rule, and what it was judged on, so that it can be
+/// judged again while it waits if the rule is replaced or dropped.
+#[derive(Debug)]
+pub struct Classified {
+    pub rule: Arc<sluice_catalog::Rule>,
+    pub facts: sluice_catalog::OwnedFacts,
+    /// Where it goes when no rule matches it any more (its user's default, or `default`).
+    pub fallback: String,
 }
 
 /// An operator's hand on one statement.
@@ -283,9 +295,58 @@ impl Shared {
             trees,
             schedulers,
         });
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
         tracing::info!("catalog changed: {stmt}");
+        if let sluice_catalog::Change::Upsert(sluice_catalog::Entity::Classifier(c)) = &change {
+            self.reclassify_waiting(&c.name, &next.catalog);
+        } else if let sluice_catalog::Change::Remove {
+            kind: sluice_sql::EntityKind::Classifier,
+            name,
+        } = &change
+        {
+            self.reclassify_waiting(name, &next.catalog);
+        }
         Ok(())
+    }
+
+    /// Classifier `changed` was replaced or dropped: every waiting statement it placed is
+    /// judged again by the rules of `catalog` (counting nothing) and, when they send it
+    /// elsewhere, moved there while it keeps waiting — in its arrival order, so the queues
+    /// it joins serve it as if it had arrived there (`Acquire::move_to`). A statement already
+    /// admitted stays where it runs.
+    pub fn reclassify_waiting(&self, changed: &str, catalog: &Catalog) {
+        let mut moves = Vec::new();
+        {
+            let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+            for p in processes.values_mut() {
+                let Some(old) = p.classified.as_ref().filter(|c| c.rule.name == changed) else {
+                    continue;
+                };
+                if p.grant.is_some() {
+                    continue;
+                }
+                let rule = catalog.rules().route(&old.facts.facts()).cloned();
+                let to = rule
+                    .as_ref()
+                    .map_or_else(|| old.fallback.clone(), |r| r.workload.clone());
+                p.classified = rule.map(|rule| {
+                    Arc::new(Classified {
+                        rule,
+                        facts: old.facts.clone(),
+                        fallback: old.fallback.clone(),
+                    })
+                });
+                if to != p.workload {
+                    moves.push((p.query_id, p.workload.clone(), to));
+                }
+            }
+        }
+        for (query_id, from, to) in moves {
+            tracing::info!(query_id, from = %from, to = %to, classifier = changed, "waiting query classified again");
+            if let Err(e) = self.move_any(query_id, &to) {
+                tracing::warn!(query_id, "could not move a query classified again: {e}");
+            }
+        }
     }
 
     /// Registers a statement; the guard removes it when the statement ends, however it ends.
@@ -309,6 +370,7 @@ impl Shared {
             grant: None,
             pid,
             control: control.clone(),
+            classified: None,
         };
         self.processes
             .lock()
@@ -540,6 +602,14 @@ impl ProcessGuard {
         self.shared.update(self.query_id, |p| {
             p.waiting_for = resource.map(str::to_string)
         });
+    }
+
+    /// Placed by a classifier (kept while it waits: see [`Shared::reclassify_waiting`]).
+    pub fn classified(&self, classified: Option<Arc<Classified>>) {
+        if classified.is_some() {
+            self.shared
+                .update(self.query_id, |p| p.classified = classified);
+        }
     }
 
     /// Admitted with `grant`: from now on the statement runs.

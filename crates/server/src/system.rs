@@ -1,5 +1,5 @@
 //! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`,
-//! `system.fingerprints` (learned lanes) and `system.query_log`: built from
+//! `system.fingerprints` (learned lanes), `system.query_log` and `system.classifiers`: built from
 //! the current snapshot and registered as tables of the engine, so any SQL works on them.
 //! They are rebuilt when a statement mentions `system.`, so they are always current.
 
@@ -348,6 +348,51 @@ pub fn refresh(shared: &Shared) -> Result<()> {
         ])?,
     )?;
 
+    // Rules in the order they are tried; `matches` counts would-be matches of dry-run rules.
+    let rules: Vec<_> = catalog.rules().iter().collect();
+    set(
+        "classifiers",
+        batch(vec![
+            ("name", strings(rules.iter().map(|r| Some(r.name.clone())))),
+            (
+                "workload",
+                strings(rules.iter().map(|r| Some(r.workload.clone()))),
+            ),
+            (
+                "rank",
+                Arc::new(Int64Array::from_iter_values(rules.iter().map(|r| r.rank))),
+            ),
+            (
+                "dry_run",
+                Arc::new(BooleanArray::from_iter(
+                    rules.iter().map(|r| Some(r.dry_run)),
+                )),
+            ),
+            (
+                "predicate",
+                strings(rules.iter().map(|r| Some(r.predicate.clone()))),
+            ),
+            (
+                "matches",
+                Arc::new(UInt64Array::from_iter_values(
+                    rules.iter().map(|r| r.stats.matches()),
+                )),
+            ),
+            (
+                "last_match",
+                timestamps(rules.iter().map(|r| r.stats.last_match())),
+            ),
+            (
+                "create_query",
+                strings(
+                    rules
+                        .iter()
+                        .map(|r| catalog.classifier(&r.name).map(|c| c.entity.create_query())),
+                ),
+            ),
+        ])?,
+    )?;
+
     let log = shared.query_log.rows();
     set(
         "query_log",
@@ -372,6 +417,7 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 strings(log.iter().map(|r| Some(r.fingerprint.clone()))),
             ),
             ("arrived", timestamps(log.iter().map(|r| Some(r.arrived)))),
+            ("admitted", timestamps(log.iter().map(|r| r.admitted))),
             (
                 "queued_ms",
                 Arc::new(UInt64Array::from_iter_values(

@@ -25,17 +25,17 @@ pub mod predicate;
 pub mod statement;
 
 pub use ast::{
-    format_float, is_bare_identifier, CostUnit, CreateClassifier, CreateOptions, CreateResource, CreateWorkload,
-    DiskRef, DropEntity, EntityKind, Literal, QuotedIdent, ResourceOperation, SettingChange,
-    Statement,
+    format_float, is_bare_identifier, CostUnit, CreateClassifier, CreateOptions, CreateResource,
+    CreateWorkload, DiskRef, DropEntity, EntityKind, Literal, QuotedIdent, ResourceOperation,
+    SettingChange, Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
 pub use fingerprint::{fingerprint, Fingerprint};
-pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use parser::{
     collapse_whitespace, mentions, parse_script, parse_statement, split_settings, QueryMarkup,
     ScriptStatement,
 };
+pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use statement::{
     statement, statements, CopyFormat, KillMode, Query, Statement as ClientStatement,
     StatementKind, TransactionControl, MAX_NESTING,

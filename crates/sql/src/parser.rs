@@ -711,8 +711,7 @@ impl<'a> Parser<'a> {
     fn parse_attribute(&mut self) -> Result<Attribute> {
         if let Some(Token::Word(w)) = self.peek() {
             if w.quote_style.is_none() {
-                if w.value.eq_ignore_ascii_case("tag") && self.peek_nth(1) == Some(&Token::LParen)
-                {
+                if w.value.eq_ignore_ascii_case("tag") && self.peek_nth(1) == Some(&Token::LParen) {
                     self.pos += 2;
                     let key = self.parse_string()?;
                     self.expect_token(&Token::RParen, ")")?;
@@ -1048,7 +1047,10 @@ mod tests {
         let e = err("CREATE CLASSIFIER c WORKLOAD w WHEN user = 'a' RANK 'x'");
         assert_eq!(e.code, ErrorCode::BadArguments);
         let e = err("CREATE CLASSIFIER c WHEN user = 'a'");
-        assert!(e.message.contains("expected one of: ON CLUSTER, WORKLOAD"), "{e}");
+        assert!(
+            e.message.contains("expected one of: ON CLUSTER, WORKLOAD"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1059,7 +1061,10 @@ mod tests {
             ")".repeat(100_000)
         );
         assert_eq!(err(&deep).code, ErrorCode::TooDeepAst);
-        let nots = format!("CREATE CLASSIFIER c WORKLOAD w WHEN {}user = 'a'", "NOT ".repeat(300));
+        let nots = format!(
+            "CREATE CLASSIFIER c WORKLOAD w WHEN {}user = 'a'",
+            "NOT ".repeat(300)
+        );
         assert_eq!(err(&nots).code, ErrorCode::TooDeepAst);
         let chain = format!(
             "CREATE CLASSIFIER c WORKLOAD w WHEN user = 'a'{}",

@@ -193,7 +193,11 @@ impl fmt::Display for Predicate {
                 f.write_char(')')
             }
             Predicate::IsNull { attribute, negated } => {
-                write!(f, "{attribute} IS {}NULL", if *negated { "NOT " } else { "" })
+                write!(
+                    f,
+                    "{attribute} IS {}NULL",
+                    if *negated { "NOT " } else { "" }
+                )
             }
             Predicate::And(a, b) | Predicate::Or(a, b) => {
                 let own = self.precedence();
