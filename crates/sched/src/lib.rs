@@ -5,7 +5,8 @@
 //! shape ClickHouse 26.9 builds and `system.scheduler` shows; and running a tree
 //! ([`runtime::ResourceScheduler`]): the time-shared nodes (fifo, fair, priority, inflight_limit,
 //! bandwidth_limit), admission futures and RAII permits that can move to another workload or
-//! change their cost, and a [`runtime::Clock`] so timing logic runs in virtual time in tests.
+//! change their cost, and a [`runtime::Clock`] so timing logic runs in virtual time in tests;
+//! and the shares each workload is promised, read off the settings ([`shares`]).
 //! The runtime's behaviour reads as data-driven scripts in `testdata/` (run by
 //! `tests/scripts.rs`).
 //!
@@ -20,9 +21,11 @@
 //! It does no I/O and knows no SQL engine.
 
 pub mod runtime;
+pub mod shares;
 pub mod tree;
 
 pub use runtime::{Acquire, Clock, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock};
+pub use shares::{shares, ShareRow};
 
 pub use tree::{
     compile, recompile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees,

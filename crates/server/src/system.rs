@@ -1,5 +1,6 @@
 //! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`,
-//! `system.fingerprints` (learned lanes), `system.query_log` and `system.classifiers`: built from
+//! `system.fingerprints` (learned lanes), `system.query_log`, `system.classifiers` and
+//! `system.workload_shares`: built from
 //! the current snapshot and registered as tables of the engine, so any SQL works on them.
 //! They are rebuilt when a statement mentions `system.`, so they are always current.
 
@@ -389,6 +390,48 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                         .iter()
                         .map(|r| catalog.classifier(&r.name).map(|c| c.entity.create_query())),
                 ),
+            ),
+        ])?,
+    )?;
+
+    // What the settings promise each workload (sluice's own table: see sluice_sched::shares).
+    let shares = sluice_sched::shares(catalog, shared.options.machine)?;
+    set(
+        "workload_shares",
+        batch(vec![
+            (
+                "workload",
+                strings(shares.iter().map(|r| Some(r.workload.clone()))),
+            ),
+            (
+                "resource",
+                strings(shares.iter().map(|r| Some(r.resource.clone()))),
+            ),
+            (
+                "guaranteed_share",
+                Arc::new(Float64Array::from_iter_values(
+                    shares.iter().map(|r| r.guaranteed_share),
+                )),
+            ),
+            (
+                "guaranteed_by",
+                strings(shares.iter().map(|r| Some(r.guaranteed_by.clone()))),
+            ),
+            (
+                "guaranteed_share_outranked",
+                Arc::new(Float64Array::from_iter_values(
+                    shares.iter().map(|r| r.guaranteed_share_outranked),
+                )),
+            ),
+            (
+                "max_share",
+                Arc::new(Float64Array::from_iter_values(
+                    shares.iter().map(|r| r.max_share),
+                )),
+            ),
+            (
+                "max_share_by",
+                strings(shares.iter().map(|r| Some(r.max_share_by.clone()))),
             ),
         ])?,
     )?;
