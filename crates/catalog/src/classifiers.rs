@@ -3,8 +3,9 @@
 //!
 //! A rule compiles once, when its statement is applied: regular expressions are built (with a
 //! bounded size), CIDR blocks and statement kinds are checked, `LIKE` patterns are read. What
-//! is left for each statement is comparisons, so classifying against a hundred rules costs
-//! about a microsecond (BENCHMARKS.md).
+//! is left for each statement is comparisons and compiled matchers (`LIKE` patterns become
+//! anchored regular expressions, so `'%orders%'` is a substring search); BENCHMARKS.md has
+//! what a hundred rules cost a statement.
 //!
 //! [`Rules::classify`] tries the rules by rank (highest first), then name; the first live rule
 //! that matches routes the statement. Dry-run rules ranked before it that match count a
@@ -123,6 +124,9 @@ pub struct Rule {
     pub predicate: String,
     pub stats: RuleStats,
     test: Node,
+    /// The matchers on `query`, in slot order: [`Rules`] runs all of a catalog's at once, in
+    /// one pass over the text, rather than one pass each.
+    query_matchers: Vec<regex::Regex>,
 }
 
 #[derive(Debug)]
@@ -137,17 +141,18 @@ enum Node {
 #[derive(Debug)]
 enum Test {
     /// `=` / `IN` (negated: `<>` / `NOT IN`).
-    Equals {
-        values: Vec<String>,
-        negated: bool,
-    },
+    Equals { values: Vec<String>, negated: bool },
     /// `client_addr` `=` / `IN` (negated: `<>` / `NOT IN`): inside any of the blocks.
-    Within {
-        nets: Vec<Net>,
-        negated: bool,
+    Within { nets: Vec<Net>, negated: bool },
+    /// A `LIKE` / `ILIKE` pattern that is a literal with `%` at either end or none: compared
+    /// directly, without a regular expression (the common `'grafana%'`, `'%orders%'`).
+    Literal(LiteralLike),
+    /// `LIKE` / `ILIKE` and `~` alike: a compiled regular expression. On `query`, `slot` is
+    /// its place among the rule's query matchers ([`Rule::query_matchers`]).
+    Matches {
+        re: regex::Regex,
+        slot: Option<usize>,
     },
-    Like(Like),
-    Regex(regex::Regex),
 }
 
 /// An IP block: `10.0.0.0/8`, `::1` (a single address is a full-length block).
@@ -191,90 +196,103 @@ impl Net {
     }
 }
 
-/// A `LIKE` pattern: `%` any run, `_` one character, `\` escapes the next character.
+/// A literal `LIKE` pattern: where the literal must be, and whether case is ignored (only for
+/// ASCII literals; on a non-ASCII text the regular expression decides, for Unicode folding).
 #[derive(Debug)]
-struct Like {
-    pattern: Vec<LikePart>,
+struct LiteralLike {
+    literal: String,
+    at_start: bool,
+    at_end: bool,
     ignore_case: bool,
+    /// The same pattern as a regular expression, for what the fast path cannot answer.
+    fallback: regex::Regex,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum LikePart {
-    Char(char),
-    One,
-    Any,
-}
-
-impl Like {
-    fn new(pattern: &str, ignore_case: bool) -> Like {
-        let mut parts = Vec::new();
-        let mut chars = pattern.chars();
-        while let Some(c) = chars.next() {
-            parts.push(match c {
-                '%' => LikePart::Any,
-                '_' => LikePart::One,
-                '\\' => LikePart::Char(chars.next().unwrap_or('\\')),
-                c if ignore_case => LikePart::Char(fold(c)),
-                c => LikePart::Char(c),
-            });
-            if ignore_case {
-                if let Some(LikePart::Char(c)) = parts.last_mut() {
-                    *c = fold(*c);
-                }
-            }
+impl LiteralLike {
+    /// `pattern` as a literal test, if it is one: no `_` or `\\`, and `%` only at the ends.
+    fn new(pattern: &str, ignore_case: bool, fallback: &regex::Regex) -> Option<LiteralLike> {
+        let body = pattern.strip_prefix('%');
+        let at_start = body.is_none();
+        let body = body.unwrap_or(pattern);
+        let trimmed = body.strip_suffix('%');
+        let at_end = trimmed.is_none();
+        let literal = trimmed.unwrap_or(body);
+        if literal.contains(['%', '_', '\\']) || (ignore_case && !literal.is_ascii()) {
+            return None;
         }
-        parts.dedup_by(|a, b| *a == LikePart::Any && *b == LikePart::Any);
-        Like {
-            pattern: parts,
+        // Case-insensitive containment is left to the regex engine's literal search.
+        if ignore_case && !at_start && !at_end {
+            return None;
+        }
+        Some(LiteralLike {
+            literal: literal.to_string(),
+            at_start,
+            at_end,
             ignore_case,
-        }
+            fallback: fallback.clone(),
+        })
     }
 
-    /// Linear-space matching with one backtrack point (the last `%`): O(n·m) at worst.
     fn matches(&self, text: &str) -> bool {
-        let text: Vec<char> = if self.ignore_case {
-            text.chars().map(fold).collect()
-        } else {
-            text.chars().collect()
-        };
-        let p = &self.pattern;
-        let (mut t, mut i) = (0usize, 0usize);
-        let mut star: Option<(usize, usize)> = None;
-        while t < text.len() {
-            match p.get(i) {
-                Some(LikePart::Char(c)) if *c == text[t] => {
-                    t += 1;
-                    i += 1;
-                }
-                Some(LikePart::One) => {
-                    t += 1;
-                    i += 1;
-                }
-                Some(LikePart::Any) => {
-                    star = Some((i, t));
-                    i += 1;
-                }
-                _ => match star {
-                    Some((si, st)) => {
-                        i = si + 1;
-                        t = st + 1;
-                        star = Some((si, st + 1));
-                    }
-                    None => return false,
-                },
-            }
+        let l = self.literal.as_bytes();
+        let t = text.as_bytes();
+        if !self.ignore_case {
+            return match (self.at_start, self.at_end) {
+                (true, true) => t == l,
+                (true, false) => t.starts_with(l),
+                (false, true) => t.ends_with(l),
+                (false, false) => text.contains(self.literal.as_str()),
+            };
         }
-        p[i.min(p.len())..].iter().all(|x| *x == LikePart::Any)
+        if !text.is_ascii() {
+            return self.fallback.is_match(text);
+        }
+        match (self.at_start, self.at_end) {
+            (true, true) => t.eq_ignore_ascii_case(l),
+            (true, false) => t.len() >= l.len() && t[..l.len()].eq_ignore_ascii_case(l),
+            (false, true) => t.len() >= l.len() && t[t.len() - l.len()..].eq_ignore_ascii_case(l),
+            (false, false) => self.fallback.is_match(text),
+        }
     }
 }
 
-/// Simple case folding (one character to one), enough for `ILIKE` on names and text.
-fn fold(c: char) -> char {
-    let mut lower = c.to_lowercase();
-    match (lower.next(), lower.next()) {
-        (Some(l), None) => l,
-        _ => c,
+/// A `LIKE` pattern (`%` any run, `_` one character, `\\` escapes the next character) as the
+/// anchored regular expression it means: the regex engine's literal search makes
+/// `'%orders%'` a substring scan, with no allocation per statement.
+fn like_regex(pattern: &str, ignore_case: bool) -> std::result::Result<regex::Regex, regex::Error> {
+    let mut re = String::with_capacity(pattern.len() + 8);
+    re.push_str(if ignore_case { "(?is)" } else { "(?s)" });
+    // A leading or trailing `%` is no anchor rather than `.*` against one: `'%orders%'` is
+    // then a plain substring search (an escaped `\\%` at the end is a literal, and anchors).
+    let body = pattern.strip_prefix('%').unwrap_or_else(|| {
+        re.push('^');
+        pattern
+    });
+    let trailing_any = body.ends_with('%') && !body.ends_with("\\%");
+    let body = if trailing_any {
+        &body[..body.len() - 1]
+    } else {
+        body
+    };
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' => re.push_str(".*"),
+            '_' => re.push('.'),
+            '\\' => {
+                let literal = chars.next().unwrap_or('\\');
+                re.push_str(&regex::escape(literal.encode_utf8(&mut [0; 4])));
+            }
+            c => re.push_str(&regex::escape(c.encode_utf8(&mut [0; 4]))),
+        }
     }
+    if !trailing_any {
+        re.push('$');
+    }
+    regex::RegexBuilder::new(&re)
+        .size_limit(MAX_REGEX_BYTES)
+        .dfa_size_limit(MAX_REGEX_BYTES)
+        .build()
 }
 
 const STATEMENT_KINDS: [&str; 6] = ["select", "insert", "update", "delete", "ddl", "utility"];
@@ -284,6 +302,8 @@ impl Rule {
     /// compile (or is too large), a `client_addr` value that is not an address or block, or a
     /// `statement_kind` value that is not a kind.
     pub fn compile(c: &CreateClassifier) -> Result<Rule> {
+        let mut query_matchers = Vec::new();
+        let test = compile_node(&c.name, &c.predicate, &mut query_matchers)?;
         Ok(Rule {
             name: c.name.clone(),
             workload: c.workload.clone(),
@@ -291,41 +311,50 @@ impl Rule {
             dry_run: c.dry_run,
             predicate: c.predicate.to_string(),
             stats: RuleStats::default(),
-            test: compile_node(&c.name, &c.predicate)?,
+            test,
+            query_matchers,
         })
     }
 
     /// Whether the rule's predicate is true for `facts`.
     pub fn matches(&self, facts: &Facts<'_>) -> bool {
-        eval(&self.test, facts) == Some(true)
-    }
-
-    fn reads_tags(&self) -> bool {
-        fn walk(n: &Node) -> bool {
-            match n {
-                Node::Test { attribute, .. } | Node::IsNull { attribute, .. } => {
-                    matches!(attribute, Attribute::Tag(_))
-                }
-                Node::And(a, b) | Node::Or(a, b) => walk(a) || walk(b),
-                Node::Not(a) => walk(a),
-            }
-        }
-        walk(&self.test)
+        let alone = Scan::default();
+        eval(&self.test, facts, &alone, 0) == Some(true)
     }
 }
 
-fn compile_node(name: &str, p: &Predicate) -> Result<Node> {
+/// The query matchers of every rule, run together: one pass over a statement's text answers
+/// them all. Made on the first rule that needs it, once per statement.
+#[derive(Debug, Default)]
+struct Scan<'r> {
+    set: Option<&'r regex::RegexSet>,
+    matched: std::cell::OnceCell<regex::SetMatches>,
+}
+
+impl Scan<'_> {
+    /// Whether matcher `index` of the set matches `query`; `None` without a set.
+    fn is_match(&self, index: usize, query: &str) -> Option<bool> {
+        let set = self.set?;
+        Some(
+            self.matched
+                .get_or_init(|| set.matches(query))
+                .matched(index),
+        )
+    }
+}
+
+fn compile_node(name: &str, p: &Predicate, query_matchers: &mut Vec<regex::Regex>) -> Result<Node> {
     let bad = |what: String| Error::bad_arguments(format!("Classifier '{name}': {what}"));
     Ok(match p {
         Predicate::And(a, b) => Node::And(
-            Box::new(compile_node(name, a)?),
-            Box::new(compile_node(name, b)?),
+            Box::new(compile_node(name, a, query_matchers)?),
+            Box::new(compile_node(name, b, query_matchers)?),
         ),
         Predicate::Or(a, b) => Node::Or(
-            Box::new(compile_node(name, a)?),
-            Box::new(compile_node(name, b)?),
+            Box::new(compile_node(name, a, query_matchers)?),
+            Box::new(compile_node(name, b, query_matchers)?),
         ),
-        Predicate::Not(a) => Node::Not(Box::new(compile_node(name, a)?)),
+        Predicate::Not(a) => Node::Not(Box::new(compile_node(name, a, query_matchers)?)),
         Predicate::IsNull { attribute, negated } => Node::IsNull {
             attribute: attribute.clone(),
             negated: *negated,
@@ -339,9 +368,22 @@ fn compile_node(name: &str, p: &Predicate) -> Result<Node> {
                 Comparison::Eq | Comparison::NotEq => {
                     equals(&bad, attribute, std::slice::from_ref(value), *op == Comparison::NotEq)?
                 }
-                Comparison::Like => Test::Like(Like::new(value, false)),
-                Comparison::ILike => Test::Like(Like::new(value, true)),
-                Comparison::Regex => Test::Regex(
+                Comparison::Like | Comparison::ILike => {
+                    let ignore_case = *op == Comparison::ILike;
+                    let re = like_regex(value, ignore_case).map_err(|e| match e {
+                        regex::Error::CompiledTooBig(limit) => bad(format!(
+                            "the pattern '{value}' compiles to more than {limit} bytes; simplify it"
+                        )),
+                        e => bad(format!("invalid LIKE pattern '{value}': {e}")),
+                    })?;
+                    match LiteralLike::new(value, ignore_case, &re) {
+                        Some(literal) => Test::Literal(literal),
+                        None => matcher(attribute, query_matchers, re),
+                    }
+                }
+                Comparison::Regex => matcher(
+                    attribute,
+                    query_matchers,
                     regex::RegexBuilder::new(value)
                         .size_limit(MAX_REGEX_BYTES)
                         .dfa_size_limit(MAX_REGEX_BYTES)
@@ -368,6 +410,19 @@ fn compile_node(name: &str, p: &Predicate) -> Result<Node> {
             test: equals(&bad, attribute, values, *negated)?,
         },
     })
+}
+
+/// A matcher test; one on `query` also takes the next slot among the rule's query matchers.
+fn matcher(
+    attribute: &Attribute,
+    query_matchers: &mut Vec<regex::Regex>,
+    re: regex::Regex,
+) -> Test {
+    let slot = (*attribute == Attribute::Query).then(|| {
+        query_matchers.push(re.clone());
+        query_matchers.len() - 1
+    });
+    Test::Matches { re, slot }
 }
 
 fn equals(
@@ -432,26 +487,27 @@ fn text_of<'a>(attribute: &Attribute, facts: &Facts<'a>) -> Option<std::borrow::
     })
 }
 
-/// Three-valued: `None` is unknown (a NULL attribute compared).
-fn eval(node: &Node, facts: &Facts<'_>) -> Option<bool> {
+/// Three-valued: `None` is unknown (a NULL attribute compared). `scan` answers query
+/// matchers from the catalog-wide set, where this rule's start at `base`.
+fn eval(node: &Node, facts: &Facts<'_>, scan: &Scan<'_>, base: usize) -> Option<bool> {
     match node {
-        Node::And(a, b) => match eval(a, facts) {
+        Node::And(a, b) => match eval(a, facts, scan, base) {
             Some(false) => Some(false),
-            left => match (left, eval(b, facts)?) {
+            left => match (left, eval(b, facts, scan, base)?) {
                 (_, false) => Some(false),
                 (Some(true), true) => Some(true),
                 _ => None,
             },
         },
-        Node::Or(a, b) => match eval(a, facts) {
+        Node::Or(a, b) => match eval(a, facts, scan, base) {
             Some(true) => Some(true),
-            left => match (left, eval(b, facts)) {
+            left => match (left, eval(b, facts, scan, base)) {
                 (_, Some(true)) => Some(true),
                 (Some(false), Some(false)) => Some(false),
                 _ => None,
             },
         },
-        Node::Not(a) => eval(a, facts).map(|v| !v),
+        Node::Not(a) => eval(a, facts, scan, base).map(|v| !v),
         Node::IsNull { attribute, negated } => {
             let null = match attribute {
                 Attribute::ClientAddr => facts.client_addr.is_none(),
@@ -468,8 +524,13 @@ fn eval(node: &Node, facts: &Facts<'_>) -> Option<bool> {
                 let v = text_of(attribute, facts)?;
                 Some(values.iter().any(|x| *x == v) != *negated)
             }
-            Test::Like(like) => Some(like.matches(&text_of(attribute, facts)?)),
-            Test::Regex(re) => Some(re.is_match(&text_of(attribute, facts)?)),
+            Test::Literal(like) => Some(like.matches(&text_of(attribute, facts)?)),
+            Test::Matches { re, slot } => {
+                if let Some(found) = slot.and_then(|i| scan.is_match(base + i, facts.query)) {
+                    return Some(found);
+                }
+                Some(re.is_match(&text_of(attribute, facts)?))
+            }
         },
     }
 }
@@ -479,14 +540,139 @@ fn eval(node: &Node, facts: &Facts<'_>) -> Option<bool> {
 pub struct Rules {
     /// By rank (highest first), then name.
     rules: Vec<Arc<Rule>>,
-    reads_tags: bool,
+    /// Every rule's query matchers in one set (`None`: no rule has any, or together they are
+    /// too large, and each is run alone); rule i's start at `bases[i]`.
+    query_set: Option<Arc<regex::RegexSet>>,
+    bases: Vec<usize>,
+    /// Rules that can only match one of a few values of an attribute (a top-level
+    /// `attr = 'v'` or `attr IN (…)` conjunct), by attribute and value: a statement's value
+    /// picks its candidates in one lookup, and the other keyed rules are skipped unevaluated.
+    keys: Arc<Vec<KeyIndex>>,
+    /// Per rule: whether some [`KeyIndex`] holds it (then it is tried only as a candidate).
+    keyed: Vec<bool>,
+}
+
+/// The rules keyed by one attribute's values.
+#[derive(Debug)]
+struct KeyIndex {
+    attribute: Attribute,
+    by_value: std::collections::HashMap<String, Vec<usize>>,
+}
+
+/// The attribute and values a rule requires: the first positive `=` / `IN` on a text
+/// attribute (not `query`, not `client_addr`) among its top-level `AND` conjuncts.
+fn key_of(node: &Node) -> Option<(&Attribute, &[String])> {
+    match node {
+        Node::And(a, b) => key_of(a).or_else(|| key_of(b)),
+        Node::Test {
+            attribute,
+            test:
+                Test::Equals {
+                    values,
+                    negated: false,
+                },
+        } if !matches!(attribute, Attribute::Query | Attribute::ClientAddr) => {
+            Some((attribute, values))
+        }
+        _ => None,
+    }
+}
+
+/// Which rules may match a statement: the keyed ones its values pick, and every unkeyed one.
+struct Candidates {
+    bits: Vec<u64>,
+}
+
+impl Candidates {
+    fn contains(&self, i: usize) -> bool {
+        self.bits[i / 64] & (1 << (i % 64)) != 0
+    }
 }
 
 impl Rules {
     pub(crate) fn new(mut rules: Vec<Arc<Rule>>) -> Rules {
         rules.sort_by(|a, b| b.rank.cmp(&a.rank).then_with(|| a.name.cmp(&b.name)));
-        let reads_tags = rules.iter().any(|r| r.reads_tags());
-        Rules { rules, reads_tags }
+        let mut bases = Vec::with_capacity(rules.len());
+        let mut patterns = Vec::new();
+        for rule in &rules {
+            bases.push(patterns.len());
+            patterns.extend(rule.query_matchers.iter().map(|re| re.as_str().to_string()));
+        }
+        let query_set = (!patterns.is_empty())
+            .then(|| {
+                regex::RegexSetBuilder::new(&patterns)
+                    .size_limit(MAX_REGEX_BYTES * 8)
+                    .dfa_size_limit(MAX_REGEX_BYTES * 8)
+                    .build()
+                    .ok()
+            })
+            .flatten()
+            .map(Arc::new);
+        let mut keys: Vec<KeyIndex> = Vec::new();
+        let mut keyed = vec![false; rules.len()];
+        for (i, rule) in rules.iter().enumerate() {
+            let Some((attribute, values)) = key_of(&rule.test) else {
+                continue;
+            };
+            let at = match keys.iter().position(|k| k.attribute == *attribute) {
+                Some(at) => at,
+                None => {
+                    keys.push(KeyIndex {
+                        attribute: attribute.clone(),
+                        by_value: Default::default(),
+                    });
+                    keys.len() - 1
+                }
+            };
+            for v in values {
+                let list = keys[at].by_value.entry(v.clone()).or_default();
+                if list.last() != Some(&i) {
+                    list.push(i);
+                }
+            }
+            keyed[i] = true;
+        }
+        Rules {
+            rules,
+            query_set,
+            bases,
+            keys: Arc::new(keys),
+            keyed,
+        }
+    }
+
+    /// The rules worth evaluating for `facts`.
+    fn candidates(&self, facts: &Facts<'_>) -> Candidates {
+        let words = self.rules.len().div_ceil(64);
+        let mut bits = vec![0u64; words];
+        for (i, keyed) in self.keyed.iter().enumerate() {
+            if !keyed {
+                bits[i / 64] |= 1 << (i % 64);
+            }
+        }
+        for key in self.keys.iter() {
+            let Some(value) = text_of(&key.attribute, facts) else {
+                continue;
+            };
+            if let Some(list) = key.by_value.get(value.as_ref()) {
+                for &i in list {
+                    bits[i / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        Candidates { bits }
+    }
+
+    /// Whether rule `i` (in trying order) matches, its query matchers answered by `scan`.
+    fn matches(&self, i: usize, facts: &Facts<'_>, scan: &Scan<'_>) -> bool {
+        eval(&self.rules[i].test, facts, scan, self.bases[i]) == Some(true)
+    }
+
+    fn scan(&self) -> Scan<'_> {
+        Scan {
+            set: self.query_set.as_deref(),
+            matched: std::cell::OnceCell::new(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -498,11 +684,6 @@ impl Rules {
         self.rules.iter()
     }
 
-    /// Whether any rule reads `tag('…')` (only then are a statement's comments read).
-    pub fn reads_tags(&self) -> bool {
-        self.reads_tags
-    }
-
     /// Classifies a statement and counts it: the first live rule that matches routes it
     /// (`None`: no rule matched; it runs in the default); each dry-run rule ranked before that
     /// one that matches counts a would-be match and is reported to `on_dry_run`.
@@ -511,8 +692,10 @@ impl Rules {
         facts: &Facts<'_>,
         mut on_dry_run: impl FnMut(&Rule),
     ) -> Option<&Arc<Rule>> {
-        for rule in &self.rules {
-            if !rule.matches(facts) {
+        let scan = self.scan();
+        let candidates = self.candidates(facts);
+        for (i, rule) in self.rules.iter().enumerate() {
+            if !candidates.contains(i) || !self.matches(i, facts, &scan) {
                 continue;
             }
             rule.stats.count();
@@ -528,7 +711,13 @@ impl Rules {
     /// The live rule that would route `facts`, counting nothing (to classify a waiting
     /// statement again after the rules changed).
     pub fn route(&self, facts: &Facts<'_>) -> Option<&Arc<Rule>> {
-        self.rules.iter().find(|r| !r.dry_run && r.matches(facts))
+        let scan = self.scan();
+        let candidates = self.candidates(facts);
+        (0..self.rules.len())
+            .find(|&i| {
+                !self.rules[i].dry_run && candidates.contains(i) && self.matches(i, facts, &scan)
+            })
+            .map(|i| &self.rules[i])
     }
 }
 
@@ -625,6 +814,15 @@ mod tests {
         for (predicate, facts, expected) in table {
             let r = rule(predicate).unwrap_or_else(|e| panic!("{predicate}: {e}"));
             assert_eq!(r.matches(facts), *expected, "{predicate}");
+            // The same through a rule set, whose query matchers run in one pass, beside
+            // another rule's (so its slots start past 0).
+            let other = rule("query ~ 'never' OR query LIKE 'nor this'").expect("compiles");
+            let rules = Rules::new(vec![Arc::new(other), Arc::new(r)]);
+            assert_eq!(
+                rules.route(facts).is_some(),
+                *expected,
+                "{predicate} in a set"
+            );
         }
     }
 

@@ -703,17 +703,13 @@ impl Connection {
         &self,
         user: &str,
         query: &Query,
+        tags: &[(String, String)],
         catalog: &sluice_catalog::Catalog,
     ) -> Option<Arc<crate::state::Classified>> {
         let rules = catalog.rules();
         if rules.is_empty() {
             return None;
         }
-        let tags = if rules.reads_tags() {
-            sluice_sql::tags(&query.text)
-        } else {
-            Vec::new()
-        };
         let application_name = self.var("application_name");
         let facts = sluice_catalog::Facts {
             user,
@@ -722,7 +718,7 @@ impl Connection {
             client_addr: self.peer,
             statement_kind: query.kind,
             query: &query.text,
-            tags: &tags,
+            tags,
         };
         let rule = rules.classify(&facts, |dry| {
             tracing::info!(
@@ -805,16 +801,16 @@ impl Connection {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
+        let fingerprint = self.fingerprint_of(&query.text);
         let classified = match chosen {
             Some(_) => None,
-            None => self.classify(user, &query, &snapshot.catalog),
+            None => self.classify(user, &query, &fingerprint.tags, &snapshot.catalog),
         };
         let requested = match (chosen, &classified) {
             (Some(w), _) => w,
             (None, Some(c)) => c.rule.workload.clone(),
             (None, None) => self.fallback_workload(user),
         };
-        let fingerprint = self.fingerprint_of(&query.text);
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
         let workload = self.lane_of(
             &snapshot.catalog,

@@ -72,6 +72,7 @@ fn fingerprint_of(statement: &str) -> Fingerprint {
         return Fingerprint {
             id: s.to_ascii_lowercase(),
             text: s.to_string(),
+            tags: Vec::new(),
         };
     }
     sluice_sql::fingerprint(s)

@@ -20,6 +20,9 @@ pub struct Fingerprint {
     pub id: String,
     /// The normalized text the id hashes.
     pub text: String,
+    /// The statement's SQLCommenter tags ([`crate::tags`]), read in the same lexing pass:
+    /// comments are not part of a fingerprint, but classifiers read them.
+    pub tags: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,15 +34,27 @@ enum Token {
     Symbol(String),
 }
 
-struct Collect(Vec<(TokenKind, Range<usize>)>);
+#[derive(Default)]
+struct Collect {
+    tokens: Vec<(TokenKind, Range<usize>)>,
+    comments: Vec<Range<usize>>,
+}
 
 impl Tokens for Collect {
     fn token(&mut self, kind: TokenKind, span: Range<usize>) {
         // `E'…'`: the lexer passes `E` as a word, then the literal from `E` on.
-        if self.0.last().is_some_and(|(_, last)| span.start < last.end) {
-            self.0.pop();
+        if self
+            .tokens
+            .last()
+            .is_some_and(|(_, last)| span.start < last.end)
+        {
+            self.tokens.pop();
         }
-        self.0.push((kind, span));
+        self.tokens.push((kind, span));
+    }
+
+    fn comment(&mut self, span: Range<usize>) {
+        self.comments.push(span);
     }
 }
 
@@ -76,10 +91,11 @@ const KEYWORDS_BEFORE_PARENTHESES: &[&str] = &[
 
 /// The fingerprint of `text` (a statement without its `SETTINGS` tail).
 pub fn fingerprint(text: &str) -> Fingerprint {
-    let mut collect = Collect(Vec::new());
+    let mut collect = Collect::default();
     lex(text, &mut collect);
-    let mut tokens: Vec<Token> = Vec::with_capacity(collect.0.len());
-    for (kind, span) in collect.0 {
+    let tags = crate::predicate::tags_of_comments(text, &collect.comments);
+    let mut tokens: Vec<Token> = Vec::with_capacity(collect.tokens.len());
+    for (kind, span) in collect.tokens {
         let raw = &text[span];
         let token = match kind {
             TokenKind::Literal => Token::Value,
@@ -112,6 +128,7 @@ pub fn fingerprint(text: &str) -> Fingerprint {
     Fingerprint {
         id: format!("{:016x}", fnv1a(text.as_bytes())),
         text,
+        tags,
     }
 }
 

@@ -220,34 +220,44 @@ impl fmt::Display for Predicate {
 /// `key=value` is skipped; the first value of a key wins. Tags are what the client says about
 /// itself: route on them, but trust `user` for anything a client must not choose.
 pub fn tags(text: &str) -> Vec<(String, String)> {
-    struct Comments<'a> {
-        text: &'a str,
-        tags: Vec<(String, String)>,
-    }
-    impl crate::statement::Tokens for Comments<'_> {
-        fn token(&mut self, _kind: crate::statement::TokenKind, _span: std::ops::Range<usize>) {}
-        fn comment(&mut self, span: std::ops::Range<usize>) {
-            let inner = self.text[span]
-                .strip_prefix("/*")
-                .map(|c| c.strip_suffix("*/").unwrap_or(c))
-                .unwrap_or("");
-            for (k, v) in comment_tags(inner) {
-                if !self.tags.iter().any(|(have, _)| *have == k) {
-                    self.tags.push((k, v));
-                }
-            }
-        }
-    }
     // Only a text with a comment is lexed at all.
     if !text.contains("/*") {
         return Vec::new();
     }
-    let mut sink = Comments {
-        text,
-        tags: Vec::new(),
-    };
-    crate::statement::lex(text, &mut sink);
-    sink.tags
+    #[derive(Default)]
+    struct Comments(Vec<std::ops::Range<usize>>);
+    impl crate::statement::Tokens for Comments {
+        fn token(&mut self, _kind: crate::statement::TokenKind, _span: std::ops::Range<usize>) {}
+        fn comment(&mut self, span: std::ops::Range<usize>) {
+            self.0.push(span);
+        }
+    }
+    let mut comments = Comments::default();
+    crate::statement::lex(text, &mut comments);
+    tags_of_comments(text, &comments.0)
+}
+
+/// The tags in the `/* … */` comments at `spans` of `text` (see [`tags`]).
+pub(crate) fn tags_of_comments(
+    text: &str,
+    spans: &[std::ops::Range<usize>],
+) -> Vec<(String, String)> {
+    let mut tags: Vec<(String, String)> = Vec::new();
+    for span in spans {
+        let Some(comment) = text.get(span.clone()) else {
+            continue;
+        };
+        let inner = comment
+            .strip_prefix("/*")
+            .map(|c| c.strip_suffix("*/").unwrap_or(c))
+            .unwrap_or("");
+        for (k, v) in comment_tags(inner) {
+            if !tags.iter().any(|(have, _)| *have == k) {
+                tags.push((k, v));
+            }
+        }
+    }
+    tags
 }
 
 /// `key='value', key2='v2'` → pairs; pieces that are not `key=value` are skipped.
