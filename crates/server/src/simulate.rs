@@ -148,6 +148,31 @@ async fn replay(
     Ok((fates, peak))
 }
 
+/// The workload the catalog's classifiers place a statement that names none in, as the
+/// server does (the trace has no database or address: those are NULL).
+fn classify(catalog: &Catalog, arrival: &Arrival, fingerprint: &Fingerprint) -> Option<String> {
+    let rules = catalog.rules();
+    if rules.is_empty() {
+        return None;
+    }
+    let kind = match sluice_sql::statement(&arrival.statement) {
+        Ok(Some(sluice_sql::ClientStatement::Query(q))) => q.kind,
+        _ => sluice_sql::StatementKind::Utility,
+    };
+    let facts = sluice_catalog::Facts {
+        user: &arrival.user,
+        database: None,
+        application_name: (!arrival.application.is_empty()).then_some(arrival.application.as_str()),
+        client_addr: None,
+        statement_kind: kind,
+        query: &arrival.statement,
+        tags: &fingerprint.tags,
+    };
+    rules
+        .classify(&facts, |_| {})
+        .map(|rule| rule.workload.clone())
+}
+
 /// One statement's life: its lane, admission on every QUERY resource, its run with its
 /// demotions, its hard limit; then what it taught the book.
 async fn one(
@@ -159,9 +184,12 @@ async fn one(
     queues: &Mutex<Queues>,
 ) -> Result<Fate> {
     let arrived = tokio::time::Instant::now();
-    let requested = arrival.workload.clone().unwrap_or_else(|| "default".into());
-    let judged_by = catalog.lanes(&requested).demotion;
     let fingerprint = fingerprint_of(&arrival.statement);
+    let requested = match &arrival.workload {
+        Some(w) => w.clone(),
+        None => classify(catalog, &arrival, &fingerprint).unwrap_or_else(|| "default".into()),
+    };
+    let judged_by = catalog.lanes(&requested).demotion;
     let admitted_in = lane_for(
         book,
         catalog,
@@ -319,6 +347,44 @@ mod tests {
         // The small one is not held up by either.
         assert_eq!(f(3).waited, Duration::ZERO);
         assert_eq!(peak.get("slow"), Some(&1));
+    }
+
+    /// Statements that name no workload are placed by the classifiers, and an outranked
+    /// stream with `outranked_share = 0.1` is admitted every tenth time while the others wait.
+    #[test]
+    fn classifiers_place_a_trace_and_outranked_work_keeps_its_share() {
+        let c = catalog(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+             CREATE WORKLOAD etl IN all SETTINGS priority = 0;
+             CREATE WORKLOAD adhoc IN all SETTINGS priority = 1, outranked_share = 0.1;
+             CREATE CLASSIFIER etl WORKLOAD etl WHEN user = 'etl';
+             CREATE CLASSIFIER adhoc WORKLOAD adhoc WHEN tag('team') = 'analysts'",
+        );
+        let mut trace = Vec::new();
+        for i in 0..40 {
+            trace.push(Arrival {
+                user: "etl".into(),
+                workload: None,
+                ..arrival(i, "INSERT INTO t SELECT 1", 1_000)
+            });
+            trace.push(Arrival {
+                workload: None,
+                ..arrival(i, "SELECT 2 /* team='analysts' */", 1_000)
+            });
+        }
+        let (fates, _) = simulate(&c, MACHINE, &trace).expect("simulates");
+        // In admission order (arrival plus wait); the first went in at once, the next forty
+        // were dequeued while both streams waited.
+        let mut order: Vec<&Fate> = fates.iter().collect();
+        order.sort_by_key(|f| (trace[f.index].at + f.waited, f.index));
+        let first_forty: Vec<&str> = order[1..41].iter().map(|f| f.requested.as_str()).collect();
+        assert_eq!(
+            first_forty.iter().filter(|w| **w == "adhoc").count(),
+            4,
+            "{first_forty:?}"
+        );
+        assert!(fates.iter().all(|f| f.requested == f.admitted_in));
     }
 
     #[test]
