@@ -189,17 +189,22 @@ fn check_exit_codes() {
             .code(),
         Some(2)
     );
-    // Lane settings pass, unless strict: then they fail as in ClickHouse.
+    // sluice's extensions (lane settings, outranked_share, classifiers) pass, unless strict:
+    // then they fail as in ClickHouse.
     let lanes = "CREATE WORKLOAD all; CREATE WORKLOAD slow IN all; \
-                 CREATE WORKLOAD fast IN all SETTINGS demote_after = '20s', demote_to = 'slow'";
+                 CREATE WORKLOAD fast IN all SETTINGS demote_after = '20s', demote_to = 'slow'; \
+                 CREATE WORKLOAD adhoc IN all SETTINGS priority = 1, outranked_share = 0.1; \
+                 CREATE CLASSIFIER analysts WORKLOAD adhoc WHEN tag('team') = 'analysts'";
     assert_eq!(sluice(&["check", "-"], Some(lanes)).status.code(), Some(0));
     let strict = sluice(&["check", "--strict", "-"], Some(lanes));
     assert_eq!(strict.status.code(), Some(1));
-    assert!(
-        stdout(&strict).contains("ERROR BAD_ARGUMENTS: Unknown workload setting 'demote_after'"),
-        "{}",
-        stdout(&strict)
-    );
+    for refused in [
+        "ERROR BAD_ARGUMENTS: Unknown workload setting 'demote_after'",
+        "ERROR BAD_ARGUMENTS: Unknown workload setting 'outranked_share'",
+        "ERROR SYNTAX_ERROR: Syntax error: CREATE CLASSIFIER is sluice's own",
+    ] {
+        assert!(stdout(&strict).contains(refused), "{}", stdout(&strict));
+    }
 }
 
 #[test]

@@ -346,6 +346,11 @@ mod tests {
             "CREATE WORKLOAD `we/ird name` IN a",
             "DROP WORKLOAD `we/ird name`",
             "CREATE OR REPLACE WORKLOAD a IN zz_root SETTINGS weight = 2",
+            // Classifiers load after the workloads they name (file order would put them first).
+            "CREATE CLASSIFIER a_rule WORKLOAD a WHEN user = 'x' RANK 3",
+            "CREATE CLASSIFIER `b/rule` WORKLOAD a WHEN tag('k') = 'v'",
+            "CREATE OR REPLACE CLASSIFIER a_rule WORKLOAD a WHEN user = 'y'",
+            "DROP CLASSIFIER `b/rule`",
         ] {
             c = apply_and_persist(&storage, c, sql);
         }
@@ -353,9 +358,13 @@ mod tests {
         let loaded = storage.load(Catalog::new()).expect("loads");
         let dump = |c: &Catalog| {
             c.entities()
+                .chain(c.classifiers())
                 .map(|s| s.entity.create_query())
                 .collect::<Vec<_>>()
         };
+        assert!(dump(&loaded)
+            .contains(&"CREATE CLASSIFIER a_rule WORKLOAD a WHEN user = 'y'".to_string()));
+        assert_eq!(loaded.rules().iter().count(), 1);
         assert_eq!(dump(&loaded), dump(&c));
         assert!(!storage.dir().join("workload_x.sql.tmp").exists());
     }

@@ -193,7 +193,7 @@ async fn outranked_work_keeps_its_share_and_starves_without_one() {
             }
         }
         until_waiting(&admin, 2 * etl + adhoc).await;
-        server.barriers.open(&round);
+        server.barriers.open(round);
         holder.await.expect("task").expect("holder");
         for run in runs {
             run.await.expect("task").expect("runs");
