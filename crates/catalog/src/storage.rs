@@ -436,5 +436,23 @@ mod tests {
         assert!(
             run("CREATE OR REPLACE WORKLOAD prod IN all").is_err_and(|e| e.contains("read-only"))
         );
+        // Classifiers in the configuration are read-only too.
+        let base = config_layer(
+            "RESOURCE q (QUERY); WORKLOAD all; WORKLOAD prod IN all; CLASSIFIER apps WORKLOAD prod WHEN user = 'app'",
+        )
+        .expect("config");
+        assert_eq!(base.rules().iter().count(), 1);
+        let run = |sql: &str| {
+            base.apply(&parse_statement(sql).expect("parses"))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(run("DROP CLASSIFIER apps")
+            .is_err_and(|e| e.contains("read-only configuration storage")));
+        assert!(
+            run("CREATE OR REPLACE CLASSIFIER apps WORKLOAD prod WHEN user = 'x'")
+                .is_err_and(|e| e.contains("read-only"))
+        );
+        assert!(run("CREATE CLASSIFIER IF NOT EXISTS apps WORKLOAD prod WHEN user = 'x'").is_ok());
     }
 }
