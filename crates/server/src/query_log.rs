@@ -40,6 +40,8 @@ pub struct Row {
     pub workload: String,
     /// Where it was admitted.
     pub initial_workload: String,
+    /// The classifier that placed it (as of its admission), if one did.
+    pub classifier: Option<String>,
     pub fingerprint: String,
     /// When it arrived.
     pub arrived: SystemTime,
@@ -100,6 +102,7 @@ mod tests {
             user: "u".into(),
             workload: "w".into(),
             initial_workload: "w".into(),
+            classifier: None,
             fingerprint: String::new(),
             arrived: SystemTime::UNIX_EPOCH,
             admitted: None,

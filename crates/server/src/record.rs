@@ -29,6 +29,8 @@ pub struct RunRecord {
     arrived: SystemTime,
     arrived_at: Instant,
     admitted: Option<(Instant, Arc<Mutex<Grant>>)>,
+    /// The classifier that placed it, as of its admission.
+    classifier: Option<String>,
     /// The deadline of the workload it asked for: what its run is judged by for learning.
     judged_by: Option<Demotion>,
     rows: u64,
@@ -55,6 +57,7 @@ impl RunRecord {
             arrived: SystemTime::now(),
             arrived_at: Instant::now(),
             admitted: None,
+            classifier: None,
             judged_by,
             rows: 0,
             outcome: None,
@@ -66,9 +69,10 @@ impl RunRecord {
         self.query_id = query_id;
     }
 
-    /// Admitted now, holding `grant`.
-    pub fn admitted(&mut self, grant: Arc<Mutex<Grant>>) {
+    /// Admitted now, holding `grant`, placed by `classifier` (if a classifier placed it).
+    pub fn admitted(&mut self, grant: Arc<Mutex<Grant>>, classifier: Option<String>) {
         self.admitted = Some((Instant::now(), grant));
+        self.classifier = classifier;
     }
 
     pub fn add_rows(&mut self, n: usize) {
@@ -141,6 +145,7 @@ impl Drop for RunRecord {
             user: std::mem::take(&mut self.user),
             workload,
             initial_workload: std::mem::take(&mut self.initial_workload),
+            classifier: self.classifier.take(),
             fingerprint: std::mem::take(&mut self.fingerprint.id),
             arrived: self.arrived,
             admitted: self.admitted.as_ref().map(|_| self.arrived + queued),

@@ -1001,7 +1001,7 @@ impl Connection {
         }));
         guard.running(grant.clone());
         if let Some(record) = record.as_mut() {
-            record.admitted(grant.clone());
+            record.admitted(grant.clone(), self.shared.classifier_of(guard.query_id));
         }
         let lanes = snapshot.catalog.lanes(workload);
         // Its soft deadline: demoted (moved, never stopped) when it outlives it.

@@ -502,6 +502,13 @@ impl Shared {
             .and_then(f)
     }
 
+    /// The classifier that placed statement `query_id` (after any re-classification).
+    pub fn classifier_of(&self, query_id: u64) -> Option<String> {
+        self.process(query_id, |p| {
+            p.classified.as_ref().map(|c| c.rule.name.clone())
+        })
+    }
+
     /// The workload query `query_id` counts in now (`None` once it has ended).
     pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
         self.process(query_id, |p| Some(p.workload.clone()))

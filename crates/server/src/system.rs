@@ -287,6 +287,14 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 "demoted_at",
                 timestamps(demotions.iter().map(|d| d.as_ref().map(|(_, at)| *at))),
             ),
+            (
+                "classifier",
+                strings(
+                    processes
+                        .iter()
+                        .map(|p| p.classified.as_ref().map(|c| c.rule.name.clone())),
+                ),
+            ),
         ])?,
     )?;
 
@@ -454,6 +462,10 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             (
                 "initial_workload",
                 strings(log.iter().map(|r| Some(r.initial_workload.clone()))),
+            ),
+            (
+                "classifier",
+                strings(log.iter().map(|r| r.classifier.clone())),
             ),
             (
                 "fingerprint",

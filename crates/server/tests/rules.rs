@@ -98,6 +98,15 @@ async fn classifiers_place_statements_by_who_sends_them_and_what_they_say() {
     assert_eq!(
         column(
             &admin,
+            "SELECT coalesce(classifier, '-') FROM system.query_log WHERE query NOT LIKE '%system.%' ORDER BY query_id",
+        )
+        .await,
+        ["by_user", "by_app", "by_tag", "-", "-", "by_kind", "by_addr", "by_tag", "-", "-"],
+        "the query log names the rule that placed each"
+    );
+    assert_eq!(
+        column(
+            &admin,
             "SELECT name || ' ' || workload || ' ' || CAST(rank AS VARCHAR) || ' ' || CAST(dry_run AS VARCHAR) || ' ' || CAST(matches AS VARCHAR) || ' ' || CAST(last_match IS NOT NULL AS VARCHAR) FROM system.classifiers",
         )
         .await,
@@ -268,6 +277,11 @@ async fn a_replaced_rule_moves_what_it_placed_keeping_arrival_order() {
         "batch 60",
     )
     .await;
+    assert_eq!(
+        column(&admin, "SELECT DISTINCT coalesce(classifier, '-') FROM system.processes WHERE state = 'waiting' ORDER BY 1").await,
+        ["-", "nightly"],
+        "moved by the new version of the rule; the others chose batch themselves"
+    );
     assert_eq!(
         column(&admin, "SELECT workload FROM system.processes WHERE state = 'running' AND query LIKE 'SELECT sluice_barrier%'").await,
         ["reports"],
