@@ -909,54 +909,39 @@ impl Acquire {
         if !rx.is_empty() {
             return Ok(false);
         }
-        let mut shared = shared.clone();
-        let mut id = self.id;
-        loop {
-            let mut state = shared.lock();
-            if state.waiting.contains_key(&id) {
-                let target = match state.leaves.get(workload) {
-                    None => return Ok(false),
-                    Some(None) => {
-                        return Err(Error::new(
-                            ErrorCode::InvalidSchedulerNode,
-                            format!("Unable to link to workload '{workload}' that has children"),
-                        ))
-                    }
-                    Some(Some(leaf)) => *leaf,
-                };
-                let from = state.waiting[&id].leaf;
-                if from == target {
-                    return Ok(true);
+        let queue_path = &mut self.queue_path;
+        let moved = with_waiting(shared.clone(), self.id, |shared, state, id| {
+            let target = match state.leaves.get(workload) {
+                None => return Ok(false),
+                Some(None) => {
+                    return Err(Error::new(
+                        ErrorCode::InvalidSchedulerNode,
+                        format!("Unable to link to workload '{workload}' that has children"),
+                    ))
                 }
-                if let RtKind::Queue { queue, .. } = &mut state.nodes[from].kind {
-                    queue.retain(|&q| q != id);
-                }
-                count_pending(&mut state, from, false);
-                if let RtKind::Queue { queue, .. } = &mut state.nodes[target].kind {
-                    let at = queue.partition_point(|&q| q < id);
-                    queue.insert(at, id);
-                }
-                count_pending(&mut state, target, true);
-                if let Some(w) = state.waiting.get_mut(&id) {
-                    w.leaf = target;
-                }
-                self.queue_path = state.nodes[target].path.clone();
-                shared.dispatch(&mut state);
+                Some(Some(leaf)) => *leaf,
+            };
+            let from = state.waiting[&id].leaf;
+            if from == target {
                 return Ok(true);
             }
-            let next = state.successor.as_ref().and_then(|s| {
-                let moved_to = *s.moved.get(&id)?;
-                Some((s.shared.upgrade()?, moved_to))
-            });
-            drop(state);
-            match next {
-                Some((successor, moved_to)) => {
-                    shared = successor;
-                    id = moved_to;
-                }
-                None => return Ok(false),
+            if let RtKind::Queue { queue, .. } = &mut state.nodes[from].kind {
+                queue.retain(|&q| q != id);
             }
-        }
+            count_pending(state, from, false);
+            if let RtKind::Queue { queue, .. } = &mut state.nodes[target].kind {
+                let at = queue.partition_point(|&q| q < id);
+                queue.insert(at, id);
+            }
+            count_pending(state, target, true);
+            if let Some(w) = state.waiting.get_mut(&id) {
+                w.leaf = target;
+            }
+            *queue_path = state.nodes[target].path.clone();
+            shared.dispatch(state);
+            Ok(true)
+        });
+        moved.unwrap_or(Ok(false))
     }
 
     /// Whether the grant has been decided already (the first poll will be ready).
@@ -1001,36 +986,24 @@ impl Future for Acquire {
 
 impl Drop for Acquire {
     fn drop(&mut self) {
-        let (Some(mut rx), Some(mut shared)) = (self.rx.take(), self.shared.take()) else {
+        let (Some(mut rx), Some(shared)) = (self.rx.take(), self.shared.take()) else {
             return;
         };
-        // Follow the request if it moved to a successor's queue.
-        let mut id = self.id;
-        loop {
-            let mut state = shared.lock();
-            if let Some(waiting) = state.waiting.remove(&id) {
-                let leaf = waiting.leaf;
-                let node = &mut state.nodes[leaf];
-                if let RtKind::Queue { queue, .. } = &mut node.kind {
-                    queue.retain(|&queued| queued != id);
-                }
-                node.stats.canceled_requests += 1;
-                node.stats.canceled_cost += waiting.cost;
-                count_pending(&mut state, leaf, false);
+        let cancelled = with_waiting(shared, self.id, |_, state, id| {
+            let Some(waiting) = state.waiting.remove(&id) else {
                 return;
+            };
+            let leaf = waiting.leaf;
+            let node = &mut state.nodes[leaf];
+            if let RtKind::Queue { queue, .. } = &mut node.kind {
+                queue.retain(|&queued| queued != id);
             }
-            let next = state.successor.as_ref().and_then(|s| {
-                let moved_to = *s.moved.get(&id)?;
-                Some((s.shared.upgrade()?, moved_to))
-            });
-            drop(state);
-            match next {
-                Some((successor, moved_to)) => {
-                    shared = successor;
-                    id = moved_to;
-                }
-                None => break,
-            }
+            node.stats.canceled_requests += 1;
+            node.stats.canceled_cost += waiting.cost;
+            count_pending(state, leaf, false);
+        });
+        if cancelled.is_some() {
+            return;
         }
         // Granted before anyone polled: give it back where it was granted.
         if let Ok(grant) = rx.try_recv() {
@@ -1038,6 +1011,30 @@ impl Drop for Acquire {
                 owner.release(&grant.constraints, grant.cost);
             }
         }
+    }
+}
+
+/// Runs `f` on the scheduler state that holds waiting request `id` of `shared` now, under its
+/// lock, with the request's id there: the request is followed through the successors that
+/// took it over. `None` when no scheduler holds it waiting (it was granted, or failed).
+fn with_waiting<R>(
+    mut shared: Arc<Shared>,
+    mut id: u64,
+    f: impl FnOnce(&Arc<Shared>, &mut State, u64) -> R,
+) -> Option<R> {
+    loop {
+        let mut state = shared.lock();
+        if state.waiting.contains_key(&id) {
+            return Some(f(&shared, &mut state, id));
+        }
+        let next = state.successor.as_ref().and_then(|s| {
+            let moved_to = *s.moved.get(&id)?;
+            Some((s.shared.upgrade()?, moved_to))
+        });
+        drop(state);
+        let (successor, moved_to) = next?;
+        shared = successor;
+        id = moved_to;
     }
 }
 
