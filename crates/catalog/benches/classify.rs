@@ -5,6 +5,8 @@
 //! distinct text on a connection; `tags` measures that alone). Target (issue 10): under 2 µs
 //! per statement. Results go in BENCHMARKS.md.
 
+use std::net::IpAddr;
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use sluice_catalog::{Catalog, Facts};
 use sluice_sql::{parse_script, StatementKind};
@@ -43,12 +45,12 @@ fn catalog() -> Catalog {
 const QUERY: &str = "SELECT customer_id, sum(amount) FROM orders WHERE created_at > now() - INTERVAL '1 day' GROUP BY 1 /* team='analysts',route='/reports/daily' */";
 
 /// The statement as the server sees it: an analyst's psql session from a LAN address.
-fn facts<'a>(query: &'a str, tags: &'a [(String, String)]) -> Facts<'a> {
+fn facts<'a>(query: &'a str, tags: &'a [(String, String)], addr: IpAddr) -> Facts<'a> {
     Facts {
         user: "analyst",
         database: Some("shop"),
         application_name: Some("psql"),
-        client_addr: "192.168.1.20".parse().ok(),
+        client_addr: Some(addr),
         statement_kind: StatementKind::Select,
         query,
         tags,
@@ -58,6 +60,7 @@ fn facts<'a>(query: &'a str, tags: &'a [(String, String)]) -> Facts<'a> {
 fn classify(c: &mut Criterion) {
     let catalog = catalog();
     let rules = catalog.rules();
+    let addr = IpAddr::from([192, 168, 1, 20]);
     let mut group = c.benchmark_group("classify");
     // No rule matches: all 100 are tried (the worst case).
     let tags = sluice_sql::tags(QUERY);
@@ -65,7 +68,7 @@ fn classify(c: &mut Criterion) {
         b.iter(|| {
             black_box(
                 rules
-                    .classify(&facts(black_box(QUERY), &tags), |_| {})
+                    .classify(&facts(black_box(QUERY), &tags, addr), |_| {})
                     .is_some(),
             )
         })
@@ -77,7 +80,7 @@ fn classify(c: &mut Criterion) {
         b.iter(|| {
             black_box(
                 rules
-                    .classify(&facts(black_box(&query), &tags), |_| {})
+                    .classify(&facts(black_box(&query), &tags, addr), |_| {})
                     .map(|r| r.rank),
             )
         })
