@@ -88,6 +88,8 @@ pub struct ServerConfig {
     pub query_log_size: Option<usize>,
     /// Refuse sluice's own workload settings in DDL (keep a catalog ClickHouse loads).
     pub strict_clickhouse: Option<bool>,
+    /// The share of `memory` the engine's queries may hold together; default 0.8.
+    pub engine_memory_ratio: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

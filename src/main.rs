@@ -324,7 +324,17 @@ fn serve(
     if config.server.cpu_slot_quantum_ns == Some(0) {
         anyhow::bail!("server.cpu_slot_quantum_ns: must be greater than 0");
     }
+    let engine_memory_ratio = config
+        .server
+        .engine_memory_ratio
+        .unwrap_or(sluice_server::state::DEFAULT_ENGINE_MEMORY_RATIO);
+    if !(engine_memory_ratio > 0.0 && engine_memory_ratio <= 1.0) {
+        anyhow::bail!(
+            "server.engine_memory_ratio: must be greater than 0 and at most 1, got {engine_memory_ratio}"
+        );
+    }
     let options = sluice_server::ServerOptions {
+        engine_memory_ratio,
         throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
         config_statements: config.catalog.statements.clone(),
         users,

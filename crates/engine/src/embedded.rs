@@ -77,8 +77,11 @@ impl std::fmt::Debug for Embedded {
 }
 
 impl Embedded {
-    /// An engine with a runtime of its own: one worker thread per core.
-    pub fn new() -> std::io::Result<Embedded> {
+    /// An engine with a runtime of its own (one worker thread per core) whose queries may
+    /// hold at most `memory_limit` bytes together: past it, an allocation fails the query that
+    /// asked with MEMORY_LIMIT_EXCEEDED (operators that can spill spill first), and the rest go
+    /// on. One query can therefore not take the machine.
+    pub fn new(memory_limit: usize) -> std::io::Result<Embedded> {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
@@ -86,32 +89,44 @@ impl Embedded {
             .thread_stack_size(ENGINE_STACK_BYTES)
             .enable_all()
             .build()?;
-        Ok(Embedded::with_runtime(EngineRuntime {
-            handle: runtime.handle().clone(),
-            owned: Some(runtime),
-        }))
+        Embedded::with_runtime(
+            EngineRuntime {
+                handle: runtime.handle().clone(),
+                owned: Some(runtime),
+            },
+            memory_limit,
+        )
     }
 
     /// An engine whose tasks run on `handle` (tests that pause time run it on their own
     /// runtime).
-    pub fn on(handle: tokio::runtime::Handle) -> Embedded {
-        Embedded::with_runtime(EngineRuntime {
-            handle,
-            owned: None,
-        })
+    pub fn on(handle: tokio::runtime::Handle, memory_limit: usize) -> std::io::Result<Embedded> {
+        Embedded::with_runtime(
+            EngineRuntime {
+                handle,
+                owned: None,
+            },
+            memory_limit,
+        )
     }
 
-    fn with_runtime(runtime: EngineRuntime) -> Embedded {
+    fn with_runtime(runtime: EngineRuntime, memory_limit: usize) -> std::io::Result<Embedded> {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema("datafusion", "public");
-        let base = SessionContext::new_with_config(config);
+        // One pool for every session: the limit is the engine's, not a query's. Errors name
+        // the largest consumers (DataFusion's tracking pool).
+        let env = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_limit(memory_limit, 1.0)
+            .build_arc()
+            .map_err(|e| std::io::Error::other(format!("the engine's memory pool: {e}")))?;
+        let base = SessionContext::new_with_config_rt(config, env);
         crate::functions::register(&base);
-        Embedded {
+        Ok(Embedded {
             base,
             generation: Arc::default(),
             runtime: Arc::new(runtime),
-        }
+        })
     }
 
     /// This engine with `sluice_barrier(name)` registered, waiting on `barriers` (tests).

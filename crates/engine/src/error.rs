@@ -22,6 +22,11 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
         }
         DataFusionError::SchemaError(..) => (ErrorCode::UnknownIdentifier, None),
         DataFusionError::Plan(_) => (ErrorCode::BadArguments, None),
+        // The engine's memory pool refused an allocation: the query needed more than the
+        // engine may use (ClickHouse says MEMORY_LIMIT_EXCEEDED for its total limit).
+        DataFusionError::ResourcesExhausted(m) if m.contains("allocate") => {
+            (ErrorCode::MemoryLimitExceeded, None)
+        }
         DataFusionError::ResourcesExhausted(_) => (ErrorCode::ResourceLimitExceeded, None),
         DataFusionError::ArrowError(a, _) => match a.as_ref() {
             ArrowError::DivideByZero => (ErrorCode::IllegalDivision, None),
@@ -35,6 +40,12 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
         // A statement's own runtime failure (a bad argument to a function, say): the user's.
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
+    };
+    let text = if code == ErrorCode::MemoryLimitExceeded {
+        // Say what the limit is before DataFusion's account of who holds what.
+        format!("Memory limit (total) exceeded: the statement needed more memory than the engine's queries may hold together (server.engine_memory_ratio of server.memory); it was stopped and what it held is free. {text}")
+    } else {
+        text
     };
     let error = Error::new(code, text);
     match sqlstate {

@@ -9,7 +9,7 @@ use crate::embedded::EmbeddedSession;
 use crate::{Embedded, ExecuteOptions, QueryOutput, Session};
 
 fn engine() -> Embedded {
-    Embedded::new().expect("engine runtime starts")
+    Embedded::new(1 << 30).expect("engine runtime starts")
 }
 
 /// Runs `sql` to its end: its batches, or its tag.
@@ -242,7 +242,9 @@ async fn kept_physical_plans_run_again_from_the_start() {
 #[tokio::test(start_paused = true)]
 async fn pg_sleep_sleeps_in_virtual_time() {
     // On the test's own runtime, whose clock is paused.
-    let s = Embedded::on(tokio::runtime::Handle::current()).embedded_session();
+    let s = Embedded::on(tokio::runtime::Handle::current(), 1 << 30)
+        .expect("engine starts")
+        .embedded_session();
     let start = tokio::time::Instant::now();
     let rows = run(&s, "SELECT pg_sleep(2)").await.expect("runs");
     assert!(rows.is_ok());

@@ -43,7 +43,14 @@ pub struct ServerOptions {
     /// `server.strict_clickhouse`: workload DDL using sluice's own settings is refused, so the
     /// catalog stays one ClickHouse 26.9 can load.
     pub strict_clickhouse: bool,
+    /// `server.engine_memory_ratio`: the share of `machine.memory` the engine's queries may
+    /// hold together ([`DEFAULT_ENGINE_MEMORY_RATIO`] by default).
+    pub engine_memory_ratio: f64,
 }
+
+/// The share of the machine's memory the engine may use when the config says nothing: the
+/// rest is the server's own (connections, the catalog, result buffers) and the system's.
+pub const DEFAULT_ENGINE_MEMORY_RATIO: f64 = 0.8;
 
 /// ClickHouse's `cpu_slot_preemption`, `cpu_slot_quantum_ns`, `cpu_slot_preemption_timeout_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +97,13 @@ impl ServerOptions {
             barriers: None,
             query_log_size: crate::query_log::DEFAULT_SIZE,
             strict_clickhouse: false,
+            engine_memory_ratio: DEFAULT_ENGINE_MEMORY_RATIO,
         }
+    }
+
+    /// Bytes the engine's queries may hold together.
+    pub fn engine_memory(&self) -> usize {
+        (self.machine.memory as f64 * self.engine_memory_ratio.clamp(0.0, 1.0)) as usize
     }
 }
 
@@ -230,7 +243,7 @@ impl Shared {
             ),
             None => (None, None),
         };
-        let mut engine = Embedded::new().map_err(|e| {
+        let mut engine = Embedded::new(options.engine_memory()).map_err(|e| {
             Error::new(
                 ErrorCode::InternalError,
                 format!("cannot start the engine's threads: {e}"),

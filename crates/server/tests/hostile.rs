@@ -279,3 +279,51 @@ async fn select_1_answers_while_heavy_queries_run() {
     }
     server.stop().await;
 }
+
+/// A query that would take the machine's memory meets the engine's bound instead: it fails
+/// with MEMORY_LIMIT_EXCEEDED (53200) and frees what it held; its connection and every other
+/// one go on. (Unbounded, this query grew the server by gigabytes.)
+#[tokio::test]
+async fn a_query_that_wants_all_the_memory_fails_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(sluice_server::ServerOptions::new(
+        dir.path(),
+        sluice_sched::Machine {
+            cores: 2,
+            // 80% of it, about 51 MB, for the engine's queries.
+            memory: 64 << 20,
+        },
+    ))
+    .await;
+    let greedy = server.client().await;
+    let neighbour = server.client().await;
+    let e = greedy
+        .simple_query("SELECT cardinality(array_agg(g)) FROM generate_series(1, 20000000) AS t(g)")
+        .await
+        .expect_err("bounded");
+    assert_refused(&e, "53200", "Memory limit (total) exceeded");
+    assert!(
+        message(&e).contains("MEMORY_LIMIT_EXCEEDED"),
+        "{}",
+        message(&e)
+    );
+    assert_eq!(column(&greedy, "SELECT 1").await, ["1"]);
+    assert_eq!(
+        column(
+            &neighbour,
+            "SELECT count(*) FROM generate_series(1, 100000)"
+        )
+        .await,
+        ["100000"]
+    );
+    // A query within the bound still runs whole.
+    assert_eq!(
+        column(
+            &neighbour,
+            "SELECT cardinality(array_agg(g)) FROM generate_series(1, 100000) AS t(g)"
+        )
+        .await,
+        ["100000"]
+    );
+    server.stop().await;
+}

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     ServerOverloaded,
     QueryWasCancelled,
     ResourceLimitExceeded,
+    /// A query needed more memory than the engine may use.
+    MemoryLimitExceeded,
     TimeoutExceeded,
     SettingConstraintViolation,
     AccessDenied,
@@ -58,6 +60,7 @@ impl ErrorCode {
             ErrorCode::ServerOverloaded => "SERVER_OVERLOADED",
             ErrorCode::QueryWasCancelled => "QUERY_WAS_CANCELLED",
             ErrorCode::ResourceLimitExceeded => "RESOURCE_LIMIT_EXCEEDED",
+            ErrorCode::MemoryLimitExceeded => "MEMORY_LIMIT_EXCEEDED",
             ErrorCode::TimeoutExceeded => "TIMEOUT_EXCEEDED",
             ErrorCode::SettingConstraintViolation => "SETTING_CONSTRAINT_VIOLATION",
             ErrorCode::AccessDenied => "ACCESS_DENIED",
@@ -91,6 +94,7 @@ impl ErrorCode {
             ErrorCode::ServerOverloaded => 745,
             ErrorCode::QueryWasCancelled => 394,
             ErrorCode::ResourceLimitExceeded => 776,
+            ErrorCode::MemoryLimitExceeded => 241,
             ErrorCode::TimeoutExceeded => 159,
             ErrorCode::SettingConstraintViolation => 452,
             ErrorCode::AccessDenied => 497,
@@ -130,6 +134,7 @@ impl ErrorCode {
             | ErrorCode::UnknownSetting => "22023",
             ErrorCode::ServerOverloaded => "53000",
             ErrorCode::ResourceLimitExceeded => "53200",
+            ErrorCode::MemoryLimitExceeded => "53200",
             ErrorCode::ResourceAccessDenied
             | ErrorCode::AccessDenied
             | ErrorCode::SettingConstraintViolation
