@@ -49,6 +49,9 @@ pub struct UserConfig {
     pub pinned_workload: Option<String>,
     /// This user's default hard limit, in seconds (a query's own setting wins).
     pub max_execution_time: Option<f64>,
+    /// How long this user's queries may wait for admission, in milliseconds (0: forever);
+    /// the query's and the session's `workload_admission_timeout_ms` win.
+    pub workload_admission_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -311,6 +311,10 @@ fn serve(
                 default_workload: u.default_workload.clone(),
                 pinned_workload: u.pinned_workload.clone(),
                 max_execution_time,
+                admission_timeout: u
+                    .workload_admission_timeout_ms
+                    .filter(|ms| *ms > 0)
+                    .map(std::time::Duration::from_millis),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

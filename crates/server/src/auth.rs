@@ -46,6 +46,9 @@ pub struct User {
     pub pinned_workload: Option<String>,
     /// The hard limit of this user's queries when the query sets none (before the workload's).
     pub max_execution_time: Option<std::time::Duration>,
+    /// How long this user's queries may wait for admission when neither the query nor the
+    /// session says (`workload_admission_timeout_ms`).
+    pub admission_timeout: Option<std::time::Duration>,
 }
 
 /// A parsed verifier.
@@ -376,6 +379,7 @@ mod tests {
             default_workload: None,
             pinned_workload: None,
             max_execution_time: None,
+            admission_timeout: None,
         }
     }
 

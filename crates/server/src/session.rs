@@ -66,10 +66,13 @@ struct QuerySettings {
     workload: Option<String>,
     max_threads: Option<usize>,
     max_execution_time: Option<Duration>,
+    /// `workload_admission_timeout_ms`: `Some(ZERO)` is "no limit", written explicitly.
+    admission_timeout: Option<Duration>,
 }
 
 const KNOWN_SETTINGS: &[&str] = &[
     "workload",
+    "workload_admission_timeout_ms",
     "max_threads",
     "reserve_memory",
     "max_memory_usage",
@@ -109,6 +112,9 @@ fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
                 }
             },
             "max_threads" => out.max_threads = Some(number()? as usize),
+            "workload_admission_timeout_ms" => {
+                out.admission_timeout = Some(Duration::from_millis(number()? as u64));
+            }
             "max_execution_time" => {
                 let s = number()?;
                 out.max_execution_time = (s > 0.0).then(|| Duration::from_secs_f64(s));
@@ -745,6 +751,27 @@ impl Connection {
         }
     }
 
+    /// How long a statement may wait for admission: the query's `workload_admission_timeout_ms`,
+    /// else the session's (`SET`), else its user's default; 0 (or nothing) is no limit.
+    fn admission_timeout(&self, user: &str, query: Option<Duration>) -> Result<Option<Duration>> {
+        let session = match self.var("workload_admission_timeout_ms") {
+            None => None,
+            Some(v) => Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("setting 'workload_admission_timeout_ms' takes milliseconds (an integer), got '{v}'"),
+                )
+            })?)),
+        };
+        let chosen = query.or(session).or_else(|| {
+            self.shared
+                .users
+                .get(user)
+                .and_then(|u| u.admission_timeout)
+        });
+        Ok(chosen.filter(|d| !d.is_zero()))
+    }
+
     /// What ends a statement early, once admitted: a cancel request, its client going away,
     /// the server's grace period running out, its `max_execution_time`.
     fn stop(
@@ -912,6 +939,10 @@ impl Connection {
         }
         // Where it queues; a `MOVE QUERY` while it waits changes it.
         let mut workload = workload.to_string();
+        // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
+        let admission_deadline = self
+            .admission_timeout(user, settings.admission_timeout)?
+            .map(|limit| (tokio::time::Instant::now() + limit, limit));
         let snapshot = self.shared.snapshot();
         let mut resources = snapshot.schedulers.iter();
         let mut next = resources.next();
@@ -982,6 +1013,10 @@ impl Connection {
                     }
                     _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
                     _ = self.watch.gone() => return Err(client_gone()),
+                    _ = until(admission_deadline) => {
+                        let limit = admission_deadline.map_or(Duration::ZERO, |(_, l)| l);
+                        return Err(slot_timeout(limit, &workload, resource));
+                    }
                 }
             };
             drop(counted_waiting);
@@ -1235,6 +1270,25 @@ fn timeout_exceeded(limit: Duration, grant: Option<&Arc<Mutex<Grant>>>) -> Error
 }
 
 /// The error of a statement whose client went away (nobody receives it; it ends the work).
+/// Resolves at `deadline`, or never without one.
+async fn until(deadline: Option<(tokio::time::Instant, Duration)>) {
+    match deadline {
+        Some((at, _)) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A statement that waited `workload_admission_timeout_ms` for a query slot.
+fn slot_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
+    Error::new(
+        ErrorCode::QuerySlotAcquisitionTimeout,
+        format!(
+            "Query slot acquisition timed out: waited {} ms (workload_admission_timeout_ms) for resource '{resource}' in workload '{workload}'; the statement did not start. Raise the timeout, or the workload's max_concurrent_queries",
+            limit.as_millis()
+        ),
+    )
+}
+
 fn client_gone() -> Error {
     Error::new(
         ErrorCode::QueryWasCancelled,

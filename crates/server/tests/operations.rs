@@ -33,6 +33,7 @@ fn user(name: &str, password: &str) -> User {
         default_workload: None,
         pinned_workload: None,
         max_execution_time: None,
+        admission_timeout: None,
     }
 }
 
@@ -517,5 +518,66 @@ async fn a_users_hard_limit_applies_when_the_query_sets_none() {
         .await
         .expect_err("stopped at 100 ms");
     assert_refused(&e, "57014", "maximum: 0.100");
+    server.stop().await;
+}
+
+/// `workload_admission_timeout_ms` bounds how long a statement waits for its query slot, from
+/// the query's SETTINGS or the session's SET: past it the statement fails with
+/// QUERY_SLOT_ACQUISITION_TIMEOUT (57014) naming the workload, without having started, and
+/// leaves the queue; 0 waits as long as it takes.
+#[tokio::test]
+async fn an_admission_timeout_fails_a_waiting_statement_that_never_started() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE q (QUERY);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1;
+         CREATE WORKLOAD w IN all",
+        false,
+    )
+    .await;
+    let holder = spawn_query(
+        &server,
+        "SELECT sluice_barrier('slot') SETTINGS workload = 'w'",
+    )
+    .await;
+    until_running(&admin, 1).await;
+    let client = server.client().await;
+    // Bounded, so that a server that ignored the setting fails the test instead of hanging it.
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .simple_query("SELECT 1 SETTINGS workload = 'w', workload_admission_timeout_ms = 200"),
+    )
+    .await
+    .expect("the statement ends by itself")
+    .expect_err("times out");
+    assert_refused(&e, "57014", "workload 'w'");
+    assert!(
+        message(&e).contains("QUERY_SLOT_ACQUISITION_TIMEOUT"),
+        "{}",
+        message(&e)
+    );
+    client
+        .batch_execute("SET workload = 'w'; SET workload_admission_timeout_ms = 100")
+        .await
+        .expect("set");
+    let e = client
+        .simple_query("SELECT 2")
+        .await
+        .expect_err("times out");
+    assert_refused(&e, "57014", "waited 100 ms");
+    // 0 is no limit: it waits until the slot frees.
+    client
+        .batch_execute("SET workload_admission_timeout_ms = 0")
+        .await
+        .expect("set");
+    let waiting = tokio::spawn(async move { client.simple_query("SELECT 3").await });
+    until_waiting(&admin, 1).await;
+    server.barriers.open("slot");
+    holder.await.expect("task").expect("holder");
+    waiting
+        .await
+        .expect("task")
+        .expect("ran once the slot was free");
+    assert_nothing_held(&admin).await;
     server.stop().await;
 }

@@ -21,6 +21,8 @@ pub enum ErrorCode {
     ResourceLimitExceeded,
     /// A query needed more memory than the engine may use.
     MemoryLimitExceeded,
+    /// A query waited longer than `workload_admission_timeout_ms` for a query slot.
+    QuerySlotAcquisitionTimeout,
     TimeoutExceeded,
     SettingConstraintViolation,
     AccessDenied,
@@ -61,6 +63,7 @@ impl ErrorCode {
             ErrorCode::QueryWasCancelled => "QUERY_WAS_CANCELLED",
             ErrorCode::ResourceLimitExceeded => "RESOURCE_LIMIT_EXCEEDED",
             ErrorCode::MemoryLimitExceeded => "MEMORY_LIMIT_EXCEEDED",
+            ErrorCode::QuerySlotAcquisitionTimeout => "QUERY_SLOT_ACQUISITION_TIMEOUT",
             ErrorCode::TimeoutExceeded => "TIMEOUT_EXCEEDED",
             ErrorCode::SettingConstraintViolation => "SETTING_CONSTRAINT_VIOLATION",
             ErrorCode::AccessDenied => "ACCESS_DENIED",
@@ -95,6 +98,7 @@ impl ErrorCode {
             ErrorCode::QueryWasCancelled => 394,
             ErrorCode::ResourceLimitExceeded => 776,
             ErrorCode::MemoryLimitExceeded => 241,
+            ErrorCode::QuerySlotAcquisitionTimeout => 1019,
             ErrorCode::TimeoutExceeded => 159,
             ErrorCode::SettingConstraintViolation => 452,
             ErrorCode::AccessDenied => 497,
@@ -135,6 +139,7 @@ impl ErrorCode {
             ErrorCode::ServerOverloaded => "53000",
             ErrorCode::ResourceLimitExceeded => "53200",
             ErrorCode::MemoryLimitExceeded => "53200",
+            ErrorCode::QuerySlotAcquisitionTimeout => "57014",
             ErrorCode::ResourceAccessDenied
             | ErrorCode::AccessDenied
             | ErrorCode::SettingConstraintViolation
