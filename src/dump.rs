@@ -64,7 +64,7 @@ pub fn dump(catalog: &Catalog, machine: Machine) -> Result<String> {
     }
     // sluice's own: only when there are any, so a ClickHouse-only catalog dumps exactly as
     // ClickHouse does.
-    if catalog.rules().iter().next().is_some() {
+    if !catalog.rules().is_empty() {
         out.push_str(
             "== system.classifiers\nname\tworkload\trank\tdry_run\tpredicate\tcreate_query\n",
         );

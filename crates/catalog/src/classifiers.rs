@@ -548,8 +548,8 @@ pub struct Rules {
     /// `attr = 'v'` or `attr IN (…)` conjunct), by attribute and value: a statement's value
     /// picks its candidates in one lookup, and the other keyed rules are skipped unevaluated.
     keys: Arc<Vec<KeyIndex>>,
-    /// Per rule: whether some [`KeyIndex`] holds it (then it is tried only as a candidate).
-    keyed: Vec<bool>,
+    /// The rules no [`KeyIndex`] holds, as a bitset in trying order: always candidates.
+    unkeyed: Vec<u64>,
 }
 
 /// The rules keyed by one attribute's values.
@@ -579,13 +579,42 @@ fn key_of(node: &Node) -> Option<(&Attribute, &[String])> {
 }
 
 /// Which rules may match a statement: the keyed ones its values pick, and every unkeyed one.
-struct Candidates {
-    bits: Vec<u64>,
+/// A bitset over the rules in trying order, on the stack for up to 256 rules (it is made for
+/// every statement).
+enum Candidates {
+    Inline([u64; 4]),
+    Heap(Vec<u64>),
 }
 
 impl Candidates {
+    /// Starts from `words` (the unkeyed rules).
+    fn from(words: &[u64]) -> Candidates {
+        if words.len() <= 4 {
+            let mut inline = [0u64; 4];
+            inline[..words.len()].copy_from_slice(words);
+            Candidates::Inline(inline)
+        } else {
+            Candidates::Heap(words.to_vec())
+        }
+    }
+
+    fn words(&mut self) -> &mut [u64] {
+        match self {
+            Candidates::Inline(w) => w,
+            Candidates::Heap(w) => w,
+        }
+    }
+
+    fn insert(&mut self, i: usize) {
+        self.words()[i / 64] |= 1 << (i % 64);
+    }
+
     fn contains(&self, i: usize) -> bool {
-        self.bits[i / 64] & (1 << (i % 64)) != 0
+        let words: &[u64] = match self {
+            Candidates::Inline(w) => w,
+            Candidates::Heap(w) => w,
+        };
+        words[i / 64] & (1 << (i % 64)) != 0
     }
 }
 
@@ -632,35 +661,33 @@ impl Rules {
             }
             keyed[i] = true;
         }
+        let mut unkeyed = vec![0u64; rules.len().div_ceil(64)];
+        for (i, _) in keyed.iter().enumerate().filter(|(_, k)| !**k) {
+            unkeyed[i / 64] |= 1 << (i % 64);
+        }
         Rules {
             rules,
             query_set,
             bases,
             keys: Arc::new(keys),
-            keyed,
+            unkeyed,
         }
     }
 
     /// The rules worth evaluating for `facts`.
     fn candidates(&self, facts: &Facts<'_>) -> Candidates {
-        let words = self.rules.len().div_ceil(64);
-        let mut bits = vec![0u64; words];
-        for (i, keyed) in self.keyed.iter().enumerate() {
-            if !keyed {
-                bits[i / 64] |= 1 << (i % 64);
-            }
-        }
+        let mut bits = Candidates::from(&self.unkeyed);
         for key in self.keys.iter() {
             let Some(value) = text_of(&key.attribute, facts) else {
                 continue;
             };
             if let Some(list) = key.by_value.get(value.as_ref()) {
                 for &i in list {
-                    bits[i / 64] |= 1 << (i % 64);
+                    bits.insert(i);
                 }
             }
         }
-        Candidates { bits }
+        bits
     }
 
     /// Whether rule `i` (in trying order) matches, its query matchers answered by `scan`.
@@ -852,6 +879,44 @@ mod tests {
                 "{predicate}: {e:?}"
             );
         }
+    }
+
+    /// Past 256 rules the candidate set lives on the heap; keyed and unkeyed rules alike are
+    /// found wherever they rank.
+    #[test]
+    fn many_rules_keyed_and_unkeyed_are_all_found() {
+        let mut rules = Vec::new();
+        for i in 0..300 {
+            let predicate = if i == 280 {
+                "database = 'shop' OR user = 'nobody'".to_string()
+            } else {
+                format!("user = 'u{i}'")
+            };
+            let sql = format!(
+                "CREATE CLASSIFIER r{i:03} WORKLOAD w{i} WHEN {predicate} RANK {}",
+                1000 - i
+            );
+            match sluice_sql::parse_statement(&sql) {
+                Ok(sluice_sql::Statement::CreateClassifier(c)) => {
+                    rules.push(Arc::new(Rule::compile(&c).expect("compiles")))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let rules = Rules::new(rules);
+        let route = |user: &'static str, database: Option<&'static str>| {
+            let facts = Facts {
+                user,
+                database,
+                ..facts()
+            };
+            rules.route(&facts).map(|r| r.workload.clone())
+        };
+        assert_eq!(route("u299", None).as_deref(), Some("w299"));
+        assert_eq!(route("u3", Some("shop")).as_deref(), Some("w3"));
+        assert_eq!(route("u290", Some("shop")).as_deref(), Some("w280"));
+        assert_eq!(route("nobody", None).as_deref(), Some("w280"));
+        assert_eq!(route("carol", None), None);
     }
 
     #[test]

@@ -933,6 +933,8 @@ impl Connection {
         let mut attachments: Vec<Attachment> = Vec::new();
         let pid = self.cancel.get().map(|((pid, _), _)| *pid);
         let guard = self.shared.register(user, workload, &query.text, pid);
+        // Only a statement a rule placed can be placed again while it waits.
+        let placed_by_rule = classified.is_some();
         guard.classified(classified);
         if let Some(record) = record.as_mut() {
             record.set_query_id(guard.query_id);
@@ -1036,7 +1038,10 @@ impl Connection {
         }));
         guard.running(grant.clone());
         if let Some(record) = record.as_mut() {
-            record.admitted(grant.clone(), self.shared.classifier_of(guard.query_id));
+            let classifier = placed_by_rule
+                .then(|| self.shared.classifier_of(guard.query_id))
+                .flatten();
+            record.admitted(grant.clone(), classifier);
         }
         let lanes = snapshot.catalog.lanes(workload);
         // Its soft deadline: demoted (moved, never stopped) when it outlives it.
