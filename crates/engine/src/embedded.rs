@@ -263,7 +263,8 @@ impl Session for EmbeddedSession {
         options: ExecuteOptions,
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput> {
-        if params.is_empty() && options.target_partitions.is_none() {
+        // A tiny statement's parallelism does not matter: it reads a few rows in memory.
+        if params.is_empty() {
             if let Some(output) = self.inner.run_tiny(sql)? {
                 return Ok(output);
             }
@@ -533,21 +534,28 @@ impl SessionInner {
                     state.config_mut().options_mut().execution.target_partitions = n;
                     Planning::of(&state)
                 });
-            let use_cache = params.is_empty() && one_off.is_none();
+            // The optimized logical plan does not depend on parallelism, so the session's
+            // cache serves every statement; a kept physical plan was made for the session's
+            // parallelism and serves only a statement that runs at it.
+            let use_cache = params.is_empty();
+            let cached = use_cache
+                .then(|| planning.cached(sql, generation))
+                .flatten()
+                .map(|c| (c.plan.clone(), c.names.clone(), c.physical.clone()));
+            let from_cache = cached.is_some();
+            let (cached, kept_physical) = match cached {
+                Some((plan, names, physical)) => {
+                    (Some((plan, names)), physical.filter(|_| one_off.is_none()))
+                }
+                None => (None, None),
+            };
+            let keeps_physical = use_cache && one_off.is_none();
             let active = match one_off.as_mut() {
                 Some(p) => p,
                 None => &mut *planning,
             };
             active.state.mark_start_execution();
-            let cached = use_cache
-                .then(|| active.cached(sql, generation))
-                .flatten()
-                .map(|c| (c.plan.clone(), c.names.clone(), c.physical.clone()));
-            let from_cache = cached.is_some();
-            let (cached, kept_physical) = match cached {
-                Some((plan, names, physical)) => (Some((plan, names)), physical),
-                None => (None, None),
-            };
+            let mut to_remember = None;
             let (plan, names) = match cached {
                 Some(hit) => hit,
                 None => {
@@ -568,7 +576,11 @@ impl SessionInner {
                 } else {
                     let optimized = active.state.optimize(&plan).map_err(df)?;
                     if use_cache && cacheable(&plan) {
-                        active.remember(sql, generation, optimized.clone(), names);
+                        if keeps_physical {
+                            active.remember(sql, generation, optimized.clone(), names);
+                        } else {
+                            to_remember = Some((optimized.clone(), names));
+                        }
                     }
                     optimized
                 };
@@ -583,7 +595,7 @@ impl SessionInner {
                             .map_err(df)?;
                         match active.cache.get_mut(sql) {
                             Some(entry)
-                                if use_cache
+                                if keeps_physical
                                     && entry.generation == generation
                                     && reusable(&physical) =>
                             {
@@ -597,6 +609,10 @@ impl SessionInner {
                 };
                 Next::Run(physical, active.task.clone())
             };
+            // Planned at a statement's own parallelism: its logical plan goes to the session.
+            if let Some((optimized, names)) = to_remember {
+                planning.remember(sql, generation, optimized, names);
+            }
             (schema, next)
         };
         match next {

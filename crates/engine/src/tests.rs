@@ -380,3 +380,56 @@ async fn an_engine_without_barriers_has_no_barrier_function() {
     let s = engine().embedded_session();
     assert!(run(&s, "SELECT sluice_barrier('g')").await.is_err());
 }
+
+/// A statement's own parallelism (the CPU threads it was granted) shapes its physical plan,
+/// and it still shares the session's cached logical plan.
+#[tokio::test]
+async fn a_statement_runs_at_its_granted_parallelism_and_keeps_the_session_cache() {
+    let engine = engine();
+    let s = engine.embedded_session();
+    text(&s, "SET datafusion.execution.target_partitions = 4").await;
+    text(&s, "CREATE TABLE p (g INT, x INT)").await;
+    text(&s, "INSERT INTO p VALUES (1, 1), (1, 2), (2, 3), (3, 4)").await;
+    let at = |n: usize| ExecuteOptions {
+        target_partitions: Some(n),
+    };
+    let render = |out: QueryOutput| async move {
+        match out {
+            QueryOutput::Rows { batches, .. } => {
+                let batches: Vec<RecordBatch> = batches.try_collect().await.expect("rows");
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                    .expect("formats")
+                    .to_string()
+            }
+            QueryOutput::Command { tag, .. } => tag,
+        }
+    };
+    let explain = "EXPLAIN SELECT g, sum(x) FROM p GROUP BY g";
+    let serial = render(s.execute(explain, at(1), vec![]).await.expect("explain")).await;
+    assert!(!serial.contains("RepartitionExec"), "{serial}");
+    let three = render(s.execute(explain, at(3), vec![]).await.expect("explain")).await;
+    assert!(three.contains("Hash([g@0], 3)"), "{three}");
+    // The session's own parallelism is untouched.
+    let session = text(&s, explain).await;
+    assert!(session.contains("Hash([g@0], 4)"), "{session}");
+    let q = "SELECT g, sum(x) AS s FROM p GROUP BY g ORDER BY g";
+    let one = render(s.execute(q, at(1), vec![]).await.expect("q")).await;
+    {
+        let planning = s.inner.planning.lock().await;
+        let entry = planning
+            .cache
+            .get(q)
+            .expect("logical plan cached from a one-off run");
+        assert!(
+            entry.physical.is_none(),
+            "a one-off physical plan is not kept"
+        );
+    }
+    assert_eq!(text(&s, q).await, one);
+    assert_eq!(
+        render(s.execute(q, at(2), vec![]).await.expect("q")).await,
+        one
+    );
+    let planning = s.inner.planning.lock().await;
+    assert!(planning.cache.get(q).is_some_and(|c| c.physical.is_some()));
+}

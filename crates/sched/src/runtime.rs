@@ -405,34 +405,7 @@ impl ResourceScheduler {
             }
             Some(Some(leaf)) => *leaf,
         };
-        let node = &mut state.nodes[leaf];
-        let RtKind::Queue { queue, max_queued } = &mut node.kind else {
-            unreachable!("leaves map to queue nodes");
-        };
-        if queue.len() as i64 >= *max_queued {
-            let message = format!(
-                "Workload limit `max_waiting_queries` has been reached: {} of {max_queued}",
-                queue.len()
-            );
-            node.stats.rejected_requests += 1;
-            node.stats.rejected_cost += cost;
-            return Err(Error::new(ErrorCode::ServerOverloaded, message));
-        }
-        let id = state.next_id;
-        state.next_id += 1;
-        if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
-            queue.push_back(id);
-        }
-        count_pending(&mut state, leaf, true);
-        let (tx, rx) = oneshot::channel();
-        state.waiting.insert(
-            id,
-            Waiting {
-                leaf,
-                cost,
-                grant: tx,
-            },
-        );
+        let (id, rx) = enqueue(&mut state, leaf, cost)?;
         let queue_path = state.nodes[leaf].path.clone();
         shared.dispatch(&mut state);
         drop(state);
@@ -441,6 +414,43 @@ impl ResourceScheduler {
             id,
             rx: Some(rx),
             queue_path,
+        })
+    }
+
+    /// Grants a request of `cost` for leaf `workload` now, or not at all: it queues behind
+    /// whoever waits, the tree is dispatched once, and if that did not grant it, it leaves the
+    /// queue again, counted nowhere (nothing was refused: the caller chose not to wait). What
+    /// a query takes this way is CPU worker slots, only while they are free (reference §4.8).
+    /// `None` also for a workload with children or a full queue; an unknown workload is granted
+    /// without limits.
+    pub fn try_acquire(&self, workload: &str, cost: i64) -> Option<Permit> {
+        let current = self.current();
+        let shared = &current.shared;
+        let mut state = shared.lock();
+        let leaf = match state.leaves.get(workload) {
+            None => {
+                return Some(Permit {
+                    shared: None,
+                    grant: None,
+                })
+            }
+            Some(None) => return None,
+            Some(Some(leaf)) => *leaf,
+        };
+        let (id, mut rx) = enqueue(&mut state, leaf, cost).ok()?;
+        shared.dispatch(&mut state);
+        if state.waiting.remove(&id).is_some() {
+            if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
+                queue.retain(|&q| q != id);
+            }
+            count_pending(&mut state, leaf, false);
+            return None;
+        }
+        // Granted under this lock, so the grant is in the channel already.
+        let grant = rx.try_recv().ok()?;
+        Some(Permit {
+            shared: grant.owner.upgrade(),
+            grant: Some(grant),
         })
     }
 
@@ -685,6 +695,40 @@ fn refill(kind: &mut RtKind, now: Instant) {
 }
 
 /// Adds or removes one pending request on the path from `leaf` to the root.
+/// Queues a request of `cost` at the back of leaf queue `leaf`, or refuses it when the queue
+/// is full (SERVER_OVERLOADED, counted as rejected). Its id is its arrival order.
+fn enqueue(state: &mut State, leaf: usize, cost: i64) -> Result<(u64, oneshot::Receiver<Grant>)> {
+    let node = &mut state.nodes[leaf];
+    let RtKind::Queue { queue, max_queued } = &mut node.kind else {
+        unreachable!("leaves map to queue nodes");
+    };
+    if queue.len() as i64 >= *max_queued {
+        let message = format!(
+            "Workload limit `max_waiting_queries` has been reached: {} of {max_queued}",
+            queue.len()
+        );
+        node.stats.rejected_requests += 1;
+        node.stats.rejected_cost += cost;
+        return Err(Error::new(ErrorCode::ServerOverloaded, message));
+    }
+    let id = state.next_id;
+    state.next_id += 1;
+    if let RtKind::Queue { queue, .. } = &mut state.nodes[leaf].kind {
+        queue.push_back(id);
+    }
+    count_pending(state, leaf, true);
+    let (tx, rx) = oneshot::channel();
+    state.waiting.insert(
+        id,
+        Waiting {
+            leaf,
+            cost,
+            grant: tx,
+        },
+    );
+    Ok((id, rx))
+}
+
 fn count_pending(state: &mut State, leaf: usize, added: bool) {
     let mut at = Some(leaf);
     while let Some(n) = at {

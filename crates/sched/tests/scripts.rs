@@ -7,7 +7,10 @@
 //! - `catalog` + DDL lines: the catalog (a QUERY resource `q` is there from the start) is
 //!   changed and compiled; the first builds the scheduler, later ones hand over to a new one
 //!   (`ResourceScheduler::succeed`), as a live catalog change does.
+//!   `catalog R` runs the tree of resource `R` instead (declared in the DDL).
 //! - `acquire NAME WORKLOAD [cost=N]`: a request; says whether it was granted or waits.
+//! - `try NAME WORKLOAD`: a request granted now or not at all (CPU worker slots): `granted`
+//!   or `not free`, and then nothing of it stays queued.
 //! - `release NAME` / `cancel NAME`: drops a granted request's permit / a waiting request.
 //! - `move NAME WORKLOAD`: moves a granted request to another leaf without releasing it.
 //! - `requeue NAME WORKLOAD`: moves a waiting request to another leaf's queue (arrival order
@@ -98,14 +101,17 @@ impl Script {
 
     async fn command(&mut self, words: &[&str], body: &[String]) -> Result<Vec<String>, String> {
         match words {
-            ["catalog"] => {
+            ["catalog", rest @ ..] => {
+                let resource = rest.first().copied().unwrap_or("q");
                 let mut catalog = self.catalog.clone();
                 for item in parse_script(&body.join("\n")) {
                     let stmt = item.result.map_err(|e| e.to_string())?;
                     catalog.apply_mut(&stmt).map_err(|e| e.to_string())?;
                 }
                 let trees = compile(&catalog, MACHINE).map_err(|e| e.to_string())?;
-                let tree = trees.tree("q").ok_or("no tree q")?;
+                let tree = trees
+                    .tree(resource)
+                    .ok_or_else(|| format!("no tree {resource}"))?;
                 self.scheduler = Some(match &self.scheduler {
                     None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
                     Some(old) => old.succeed(tree),
@@ -140,6 +146,17 @@ impl Script {
                             .push((name.to_string(), Request::Waiting(acquire)));
                         line
                     }
+                };
+                Ok(vec![line])
+            }
+            ["try", name, workload] => {
+                let line = match self.scheduler()?.try_acquire(workload, 1) {
+                    Some(permit) => {
+                        self.requests
+                            .push((name.to_string(), Request::Granted(permit)));
+                        format!("{name}: granted")
+                    }
+                    None => format!("{name}: not free"),
                 };
                 Ok(vec![line])
             }

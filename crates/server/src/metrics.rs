@@ -64,8 +64,9 @@ impl Series {
         Gauge::up(self, |s| &s.in_flight)
     }
 
-    /// A query moved into this series' workload: counted in flight until dropped.
-    pub fn moved_in(self: &Arc<Self>) -> Gauge {
+    /// Something held in this series without an admission of its own (a query moved into the
+    /// workload, a worker thread taken while free): counted in flight until dropped.
+    pub fn held(self: &Arc<Self>) -> Gauge {
         Gauge::up(self, |s| &s.in_flight)
     }
 }

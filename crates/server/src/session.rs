@@ -68,6 +68,8 @@ struct QuerySettings {
     max_execution_time: Option<Duration>,
     /// `workload_admission_timeout_ms`: `Some(ZERO)` is "no limit", written explicitly.
     admission_timeout: Option<Duration>,
+    /// `use_concurrency_control = 0`: CPU slots are not asked for (ClickHouse's bypass).
+    no_concurrency_control: bool,
 }
 
 const KNOWN_SETTINGS: &[&str] = &[
@@ -119,7 +121,8 @@ fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
                 let s = number()?;
                 out.max_execution_time = (s > 0.0).then(|| Duration::from_secs_f64(s));
             }
-            // Accepted and validated; they take effect with the memory and CPU resources.
+            "use_concurrency_control" => out.no_concurrency_control = number()? == 0.0,
+            // Accepted and validated; they take effect with the memory resource.
             _ => {
                 number()?;
             }
@@ -946,7 +949,9 @@ impl Connection {
             .admission_timeout(user, settings.admission_timeout)?
             .map(|limit| (tokio::time::Instant::now() + limit, limit));
         let snapshot = self.shared.snapshot();
-        let mut resources = snapshot.schedulers.iter();
+        let cpu_scheduled = !settings.no_concurrency_control;
+        let order = snapshot.admission_order(cpu_scheduled);
+        let mut resources = order.iter().copied();
         let mut next = resources.next();
         'resources: while let Some((resource, scheduler)) = next {
             if !scheduler.has_workload(&workload) {
@@ -999,7 +1004,7 @@ impl Connection {
                             if let Some(s) = snapshot.schedulers.get(&held.resource) {
                                 held.permit.move_to(s, &to)?;
                             }
-                            held.in_flight = self.shared.metrics.series(&held.resource, &to).moved_in();
+                            held.in_flight = self.shared.metrics.series(&held.resource, &to).held();
                         }
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
                         self.shared.show_in(guard.query_id, &to);
@@ -1030,6 +1035,32 @@ impl Connection {
             guard.waiting_for(None);
             next = resources.next();
         }
+        // Worker threads: as many as are free now, up to max_threads - 1, never waited for
+        // (reference §4.8); the statement's parallelism is the threads it holds.
+        let threads = match snapshot.workers() {
+            Some((resource, scheduler)) if cpu_scheduled && scheduler.has_workload(&workload) => {
+                let wanted = settings
+                    .max_threads
+                    .filter(|&n| n > 0)
+                    .unwrap_or(self.shared.options.machine.cores as usize)
+                    .max(1);
+                let series = self.shared.metrics.series(resource, &workload);
+                let mut threads = 1;
+                while threads < wanted {
+                    let Some(permit) = scheduler.try_acquire(&workload, 1) else {
+                        break;
+                    };
+                    attachments.push(Attachment {
+                        resource: resource.clone(),
+                        permit,
+                        in_flight: series.held(),
+                    });
+                    threads += 1;
+                }
+                Some(threads)
+            }
+            _ => settings.max_threads,
+        };
         let workload = workload.as_str();
         let grant = Arc::new(Mutex::new(Grant {
             workload: workload.to_string(),
@@ -1059,7 +1090,7 @@ impl Connection {
         let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
-            target_partitions: settings.max_threads,
+            target_partitions: threads,
         };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings

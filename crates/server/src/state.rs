@@ -112,12 +112,81 @@ impl ServerOptions {
 pub struct Snapshot {
     pub catalog: Catalog,
     pub trees: SchedulerTrees,
-    /// A running scheduler per QUERY resource.
+    /// A running scheduler per QUERY and CPU resource.
     pub schedulers: BTreeMap<String, ResourceScheduler>,
+    /// The resources that schedule CPU threads.
+    pub cpu: CpuResources,
 }
 
-/// What an admitted query holds: one attachment per QUERY resource it passed, each a permit
-/// of that resource's scheduler. Found by its `query_id` (see [`Shared::move_query`]), so
+/// The resources covering `MASTER THREAD` and `WORKER THREAD` (at most one each, the
+/// catalog's rule; they may be one resource).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CpuResources {
+    pub master: Option<String>,
+    pub worker: Option<String>,
+}
+
+impl CpuResources {
+    fn of(catalog: &Catalog) -> CpuResources {
+        let mut out = CpuResources::default();
+        for resource in catalog.resources() {
+            for op in &resource.operations {
+                match op {
+                    sluice_sql::ResourceOperation::MasterThread => {
+                        out.master = Some(resource.name.clone())
+                    }
+                    sluice_sql::ResourceOperation::WorkerThread => {
+                        out.worker = Some(resource.name.clone())
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Snapshot {
+    fn new(catalog: Catalog, trees: SchedulerTrees, previous: Option<&Snapshot>) -> Snapshot {
+        let schedulers = schedulers(&trees, previous);
+        let cpu = CpuResources::of(&catalog);
+        Snapshot {
+            catalog,
+            trees,
+            schedulers,
+            cpu,
+        }
+    }
+
+    /// The resources a statement waits for before it starts, in the order it takes them: its
+    /// query slot, then (unless `cpu` is off: `use_concurrency_control = 0`) its master
+    /// thread. Worker threads are not waited for (see `ResourceScheduler::try_acquire`).
+    pub fn admission_order(&self, cpu: bool) -> Vec<(&String, &ResourceScheduler)> {
+        let mut order: Vec<(&String, &ResourceScheduler)> = self
+            .schedulers
+            .iter()
+            .filter(|(resource, _)| {
+                self.trees
+                    .tree(resource)
+                    .is_some_and(|t| t.unit == CostUnit::QuerySlot)
+            })
+            .collect();
+        if cpu {
+            if let Some(master) = &self.cpu.master {
+                order.extend(self.schedulers.get_key_value(master));
+            }
+        }
+        order
+    }
+
+    /// The resource that grants worker threads, and its scheduler.
+    pub fn workers(&self) -> Option<(&String, &ResourceScheduler)> {
+        self.schedulers.get_key_value(self.cpu.worker.as_ref()?)
+    }
+}
+
+/// What an admitted query holds: one attachment per slot it holds (its query slot, its master
+/// thread, each worker thread), each a permit of that resource's scheduler. Found by its `query_id` (see [`Shared::move_query`]), so
 /// an admitted query can be moved to another workload without being released.
 #[derive(Debug)]
 pub struct Grant {
@@ -234,7 +303,6 @@ impl Shared {
         let storage = DiskStorage::open(&options.data_dir)?;
         let catalog = storage.load(base)?;
         let trees = compile(&catalog, options.machine)?;
-        let schedulers = schedulers(&trees, None);
         let users = Arc::new(Users::new(options.users.clone())?);
         let (tls, tls_cert_pem) = match &options.tls {
             Some((cert, key)) => (
@@ -264,11 +332,7 @@ impl Shared {
             metrics: Arc::default(),
             options,
             storage,
-            current: RwLock::new(Arc::new(Snapshot {
-                catalog,
-                trees,
-                schedulers,
-            })),
+            current: RwLock::new(Arc::new(Snapshot::new(catalog, trees, None))),
             ddl: tokio::sync::Mutex::new(()),
             processes: Mutex::new(BTreeMap::new()),
             cancels: Mutex::default(),
@@ -302,12 +366,7 @@ impl Shared {
             &change,
             self.options.machine,
         )?;
-        let schedulers = schedulers(&trees, Some(&current));
-        let next = Arc::new(Snapshot {
-            catalog,
-            trees,
-            schedulers,
-        });
+        let next = Arc::new(Snapshot::new(catalog, trees, Some(&current)));
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
         tracing::info!("catalog changed: {stmt}");
         if let sluice_catalog::Change::Upsert(sluice_catalog::Entity::Classifier(c)) = &change {
@@ -494,10 +553,7 @@ impl Shared {
             if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {
                 attachment.permit.move_to(scheduler, workload)?;
             }
-            attachment.in_flight = self
-                .metrics
-                .series(&attachment.resource, workload)
-                .moved_in();
+            attachment.in_flight = self.metrics.series(&attachment.resource, workload).held();
         }
         grant.workload = workload.to_string();
         drop(grant);
@@ -542,8 +598,15 @@ impl Shared {
         self.move_query(query_id, to)?;
         let mut held = grant.lock().unwrap_or_else(|p| p.into_inner());
         held.demoted = Some((from.clone(), std::time::SystemTime::now()));
-        for attachment in &held.attachments {
-            self.metrics.series(&attachment.resource, &from).demoted();
+        // Once per resource (a query holds several CPU slots of one).
+        let mut resources: Vec<&str> = held
+            .attachments
+            .iter()
+            .map(|a| a.resource.as_str())
+            .collect();
+        resources.dedup();
+        for resource in resources {
+            self.metrics.series(resource, &from).demoted();
         }
         drop(held);
         tracing::info!(query_id, from = %from, to, "query demoted: it overran demote_after");
@@ -652,7 +715,8 @@ impl Drop for ProcessGuard {
     }
 }
 
-/// A scheduler per QUERY resource. A tree that did not change keeps its scheduler (and with it
+/// A scheduler per QUERY and CPU resource (the time-shared ones a statement holds while it
+/// runs; IO is scheduled per read, memory by the engine's pool). A tree that did not change keeps its scheduler (and with it
 /// the queries waiting and running in it); a changed tree gets a new scheduler that takes over
 /// the old one's waiting queries and in-flight counts ([`ResourceScheduler::succeed`]); the
 /// scheduler of a resource that is gone fails its waiting queries.
@@ -661,7 +725,10 @@ fn schedulers(
     previous: Option<&Snapshot>,
 ) -> BTreeMap<String, ResourceScheduler> {
     let mut out = BTreeMap::new();
-    for tree in trees.trees.iter().filter(|t| t.unit == CostUnit::QuerySlot) {
+    let held = |t: &&sluice_sched::ResourceTree| {
+        matches!(t.unit, CostUnit::QuerySlot | CostUnit::CpuNanosecond)
+    };
+    for tree in trees.trees.iter().filter(held) {
         let old = previous.and_then(|p| {
             Some((
                 p.trees.tree(&tree.resource)?,

@@ -1,0 +1,211 @@
+//! CPU slots over the wire (`MASTER THREAD` / `WORKER THREAD`, reference §4.8): a statement
+//! waits for its master thread, takes worker threads only while they are free, and runs at
+//! the parallelism it holds; `max_concurrent_threads` is never exceeded; the slots move with
+//! the statement and come back when it ends.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio_postgres::SimpleQueryMessage;
+
+/// Slots held under `/all/semaphore` of the CPU tree, as `system.scheduler` shows them.
+const HELD: &str = "SELECT inflight_requests FROM system.scheduler \
+                    WHERE resource = 'cpu' AND path = '/all/semaphore'";
+
+/// The plan text of `EXPLAIN sql`.
+async fn plan(client: &tokio_postgres::Client, sql: &str) -> String {
+    let rows = client
+        .simple_query(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(1).unwrap_or("").to_string()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const GROUPED: &str = "SELECT g, sum(x) FROM t GROUP BY g";
+
+#[tokio::test]
+async fn cpu_slots_cap_threads_and_set_each_statements_parallelism() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all SETTINGS max_concurrent_threads = 3;
+         CREATE WORKLOAD w IN all;
+         CREATE WORKLOAD other IN all SETTINGS max_concurrent_threads = 3;
+         CREATE TABLE t (g INT, x INT);
+         INSERT INTO t VALUES (1, 1), (2, 2), (3, 3)",
+        false,
+    )
+    .await;
+    // Nothing held: a statement gets every thread it asks for, up to the cap.
+    let client = server.client().await;
+    let free = plan(
+        &client,
+        &format!("{GROUPED} SETTINGS workload = 'w', max_threads = 8"),
+    )
+    .await;
+    assert!(
+        free.contains("Hash([g@0], 3)"),
+        "three slots, three partitions: {free}"
+    );
+    assert_eq!(column(&admin, HELD).await, ["0"], "given back at the end");
+
+    // A holds its master and one worker (max_threads = 2).
+    let a = spawn_query(
+        &server,
+        "SELECT sluice_barrier('a') SETTINGS workload = 'w', max_threads = 2",
+    )
+    .await;
+    until(&admin, HELD, "2").await;
+    // One slot is left: a statement asking for eight runs on one, serially.
+    let serial = plan(
+        &client,
+        &format!("{GROUPED} SETTINGS workload = 'w', max_threads = 8"),
+    )
+    .await;
+    assert!(
+        !serial.contains("RepartitionExec"),
+        "one slot, one partition: {serial}"
+    );
+
+    // B takes the last one; C waits for a master thread.
+    let b = spawn_query(
+        &server,
+        "SELECT sluice_barrier('b') SETTINGS workload = 'other', max_threads = 1",
+    )
+    .await;
+    until(&admin, HELD, "3").await;
+    let c = spawn_query(
+        &server,
+        "EXPLAIN SELECT g, sum(x) FROM t GROUP BY g SETTINGS workload = 'w'",
+    )
+    .await;
+    until_waiting(&admin, 1).await;
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT waiting_for FROM system.processes WHERE state = 'waiting'"
+        )
+        .await,
+        ["cpu"]
+    );
+    assert_eq!(column(&admin, HELD).await, ["3"], "the cap holds");
+
+    // use_concurrency_control = 0 bypasses the slots: no wait, its own max_threads.
+    let bypass = tokio::time::timeout(
+        Duration::from_secs(10),
+        plan(
+            &client,
+            &format!(
+                "{GROUPED} SETTINGS workload = 'w', use_concurrency_control = 0, max_threads = 5"
+            ),
+        ),
+    )
+    .await
+    .expect("does not wait");
+    assert!(bypass.contains("Hash([g@0], 5)"), "{bypass}");
+
+    // A moves to `other` with both its slots: `other`'s own cap counts them beside B's, and
+    // the shared cap never sees them leave.
+    let other = "SELECT inflight_requests FROM system.scheduler \
+                 WHERE resource = 'cpu' AND path LIKE '%/other/semaphore'";
+    assert_eq!(column(&admin, other).await, ["1"]);
+    column(
+        &admin,
+        "MOVE QUERY WHERE query LIKE '%sluice_barrier(''a'')%' TO WORKLOAD other",
+    )
+    .await;
+    assert_eq!(column(&admin, other).await, ["3"]);
+    assert_eq!(column(&admin, HELD).await, ["3"]);
+
+    // A ends: its two slots go to C (master, then the one free worker; it wanted three).
+    server.barriers.open("a");
+    a.await.expect("task").expect("a");
+    let c = c.await.expect("task").expect("c");
+    let c_plan: Vec<String> = c
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(1).unwrap_or("").to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        c_plan.join("\n").contains("Hash([g@0], 2)"),
+        "two slots free when it started: {c_plan:?}"
+    );
+    server.barriers.open("b");
+    b.await.expect("task").expect("b");
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
+
+/// Weights 3:1 under one CPU slot: two saturating workloads get their slot grants, and with
+/// equal statements their CPU time, 3:1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_weights_share_slot_grants_three_to_one() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all SETTINGS max_concurrent_threads = 1;
+         CREATE WORKLOAD etl IN all SETTINGS weight = 3;
+         CREATE WORKLOAD adhoc IN all SETTINGS weight = 1",
+        false,
+    )
+    .await;
+    let per_workload = 6;
+    let run_for = Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for workload in ["etl", "adhoc"] {
+        for _ in 0..per_workload {
+            let client = server.client().await;
+            let sql = format!(
+                "SELECT sum(generate_series % 7) FROM generate_series(1, 20000) \
+                 SETTINGS workload = '{workload}'"
+            );
+            tasks.push(tokio::spawn(async move {
+                let start = tokio::time::Instant::now();
+                let mut done = 0u64;
+                while start.elapsed() < run_for {
+                    client.simple_query(&sql).await.expect("runs");
+                    done += 1;
+                }
+                (workload, done)
+            }));
+        }
+    }
+    // Judged over a window where both are backlogged (not while clients connect or stop).
+    let grants = || async {
+        let rows = column(
+            &admin,
+            "SELECT dequeued_requests FROM system.scheduler WHERE resource = 'cpu' \
+             AND type = 'fifo' ORDER BY path",
+        )
+        .await;
+        // Paths sort adhoc before etl.
+        let n = |i: usize| rows[i].parse::<f64>().expect("number");
+        (n(0), n(1))
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (adhoc_before, etl_before) = grants().await;
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let (adhoc_after, etl_after) = grants().await;
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let (adhoc, etl) = (adhoc_after - adhoc_before, etl_after - etl_before);
+    let grants = [adhoc, etl];
+    assert!(adhoc >= 20.0, "enough grants to judge: {grants:?}");
+    let ratio = etl / adhoc;
+    eprintln!("slot grants etl:adhoc = {etl}:{adhoc} = {ratio:.3}");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "3:1 within 10%: {etl}:{adhoc} = {ratio}"
+    );
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
