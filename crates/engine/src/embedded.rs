@@ -21,7 +21,7 @@ use datafusion::execution::context::SessionContext;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionConfig;
+use datafusion::prelude::{DataFrame, SessionConfig};
 use futures::{Stream, StreamExt};
 use sluice_sql::{Error, ErrorCode, Result};
 use tokio::sync::{mpsc, oneshot};
@@ -384,7 +384,9 @@ enum Next {
         Arc<dyn ExecutionPlan>,
         Arc<datafusion::execution::TaskContext>,
     ),
-    Apply(LogicalPlan),
+    /// A statement applied to completion; with the one-off state a write (COPY, INSERT) runs
+    /// in, so its files go through the statement's IO gate.
+    Apply(LogicalPlan, Option<Box<SessionState>>),
 }
 
 /// Plans that change nothing but produce rows: run straight from the planning state. Others
@@ -525,15 +527,26 @@ impl SessionInner {
         // Planned under the session's lock; run after it is released.
         let (schema, next) = {
             let mut planning = self.planning.lock().await;
-            // A statement's own max_threads: a one-off planning state, the session's untouched.
-            let mut one_off = options
+            // A statement's own max_threads or IO gate: a one-off planning state, the
+            // session's untouched.
+            let parallelism = options
                 .target_partitions
-                .filter(|&n| n > 0 && n != planning.target_partitions())
-                .map(|n| {
-                    let mut state = self.ctx.state();
+                .filter(|&n| n > 0 && n != planning.target_partitions());
+            let mut one_off = (parallelism.is_some() || options.io.is_some()).then(|| {
+                let mut state = self.ctx.state();
+                if let Some(n) = parallelism {
                     state.config_mut().options_mut().execution.target_partitions = n;
-                    Planning::of(&state)
-                });
+                }
+                if let Some(gate) = options.io.clone() {
+                    let mut env = (**state.runtime_env()).clone();
+                    env.object_store_registry =
+                        crate::io::gated_registry(env.object_store_registry.clone(), gate);
+                    state = SessionStateBuilder::new_from_existing(state)
+                        .with_runtime_env(Arc::new(env))
+                        .build();
+                }
+                Planning::of(&state)
+            });
             // The optimized logical plan does not depend on parallelism, so the session's
             // cache serves every statement; a kept physical plan was made for the session's
             // parallelism and serves only a statement that runs at it.
@@ -569,7 +582,12 @@ impl SessionInner {
             };
             let schema = postgres_names(plan.schema().as_arrow(), names.clone());
             let next = if !is_plain_query(&plan) {
-                Next::Apply(plan)
+                let writes = matches!(plan, LogicalPlan::Copy(_) | LogicalPlan::Dml(_));
+                let state = one_off
+                    .as_ref()
+                    .filter(|_| writes)
+                    .map(|p| Box::new(p.state.clone()));
+                Next::Apply(plan, state)
             } else {
                 let optimized = if from_cache {
                     plan
@@ -634,13 +652,16 @@ impl SessionInner {
                 }
                 Ok(Started::Rows(schema, stream))
             }
-            Next::Apply(plan) => {
+            Next::Apply(plan, one_off) => {
                 let answer = answer(&plan, sql);
                 // Bumped before and after: a plan cached while this runs is retired too.
                 self.generation.fetch_add(1, Ordering::SeqCst);
-                let batches = match self.ctx.execute_logical_plan(plan).await {
-                    Ok(frame) => frame.collect().await,
-                    Err(e) => Err(e),
+                let batches = match one_off {
+                    Some(state) => DataFrame::new(*state, plan).collect().await,
+                    None => match self.ctx.execute_logical_plan(plan).await {
+                        Ok(frame) => frame.collect().await,
+                        Err(e) => Err(e),
+                    },
                 };
                 self.generation.fetch_add(1, Ordering::SeqCst);
                 // SET and DDL may have changed the session: plan with what it is now.

@@ -37,6 +37,7 @@ pub mod compat;
 pub mod embedded;
 pub mod error;
 pub mod functions;
+pub mod io;
 
 use std::pin::Pin;
 
@@ -50,6 +51,7 @@ use sluice_sql::Result;
 pub use datafusion;
 pub use embedded::{collected, Embedded, EmbeddedSession};
 pub use functions::Barriers;
+pub use io::IoGate;
 
 /// A statement's rows, batch by batch, as the engine produces them.
 pub type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
@@ -82,10 +84,14 @@ impl std::fmt::Debug for QueryOutput {
 }
 
 /// How one statement is to run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecuteOptions {
-    /// The statement's parallelism (its `max_threads`); `None`: the session's.
+    /// The statement's parallelism (its `max_threads`, or the CPU threads it was granted);
+    /// `None`: the session's.
     pub target_partitions: Option<usize>,
+    /// Where its file reads and writes wait for their turn (the disks' IO resources); `None`:
+    /// they do not wait.
+    pub io: Option<std::sync::Arc<dyn io::IoGate>>,
 }
 
 /// An engine: where sessions come from, and where the server publishes `system.*`.

@@ -392,6 +392,7 @@ async fn a_statement_runs_at_its_granted_parallelism_and_keeps_the_session_cache
     text(&s, "INSERT INTO p VALUES (1, 1), (1, 2), (2, 3), (3, 4)").await;
     let at = |n: usize| ExecuteOptions {
         target_partitions: Some(n),
+        io: None,
     };
     let render = |out: QueryOutput| async move {
         match out {
@@ -432,4 +433,139 @@ async fn a_statement_runs_at_its_granted_parallelism_and_keeps_the_session_cache
     );
     let planning = s.inner.planning.lock().await;
     assert!(planning.cache.get(q).is_some_and(|c| c.physical.is_some()));
+}
+
+/// A gate that records what it admitted, and fails once `fail_after` bytes have passed.
+#[derive(Debug, Default)]
+struct Recorder {
+    admitted: std::sync::Mutex<Vec<(std::path::PathBuf, u64, bool)>>,
+    fail_after: Option<u64>,
+}
+
+#[async_trait::async_trait]
+impl crate::IoGate for Recorder {
+    async fn admit(
+        &self,
+        path: &std::path::Path,
+        bytes: u64,
+        write: bool,
+    ) -> sluice_sql::Result<Box<dyn Send>> {
+        let mut admitted = self.admitted.lock().expect("lock");
+        let so_far: u64 = admitted.iter().map(|(_, b, _)| b).sum();
+        if self.fail_after.is_some_and(|limit| so_far >= limit) {
+            return Err(sluice_sql::Error::new(
+                sluice_sql::ErrorCode::QueryWasCancelled,
+                "the gate said no",
+            ));
+        }
+        admitted.push((path.to_path_buf(), bytes, write));
+        Ok(Box::new(()))
+    }
+}
+
+/// Every byte a statement reads from or writes to a file is admitted by its gate first, in
+/// chunks of at most `io::CHUNK`; a gate error fails the statement with that error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_reads_and_writes_go_through_the_statements_gate() {
+    use std::io::Write;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = dir.path().join("rows.csv");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&csv).expect("create"));
+    writeln!(file, "a,b").expect("write");
+    for i in 0..200_000 {
+        writeln!(file, "{i},row number {i}").expect("write");
+    }
+    drop(file);
+    let size = std::fs::metadata(&csv).expect("meta").len();
+    assert!(size > 2 * crate::io::CHUNK, "several chunks: {size}");
+
+    let engine = engine();
+    let s = engine.embedded_session();
+    text(
+        &s,
+        &format!(
+            "CREATE EXTERNAL TABLE rows (a INT, b VARCHAR) STORED AS CSV LOCATION '{}' \
+             OPTIONS ('format.has_header' 'true')",
+            csv.display()
+        ),
+    )
+    .await;
+    let gate = Arc::new(Recorder::default());
+    let options = ExecuteOptions {
+        target_partitions: Some(1),
+        io: Some(gate.clone()),
+    };
+    let out = s
+        .execute("SELECT count(*) AS n FROM rows", options.clone(), vec![])
+        .await
+        .expect("runs");
+    let QueryOutput::Rows { batches, .. } = out else {
+        panic!("rows")
+    };
+    let batches: Vec<RecordBatch> = batches.try_collect().await.expect("rows");
+    let shown = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .expect("formats")
+        .to_string();
+    assert!(shown.contains("200000"), "{shown}");
+    let reads = gate.admitted.lock().expect("lock").clone();
+    assert!(reads
+        .iter()
+        .all(|(p, b, w)| p == &csv && *b <= crate::io::CHUNK && !w));
+    let read: u64 = reads.iter().map(|(_, b, _)| b).sum();
+    assert!(read >= size, "every byte admitted: {read} of {size}");
+
+    // COPY … TO writes through it too.
+    let out_path = dir.path().join("copy.csv");
+    let out = s
+        .execute(
+            &format!(
+                "COPY (SELECT a FROM rows WHERE a < 1000) TO '{}' STORED AS CSV",
+                out_path.display()
+            ),
+            options.clone(),
+            vec![],
+        )
+        .await
+        .expect("copies");
+    assert!(matches!(out, QueryOutput::Command { .. }), "{out:?}");
+    let written: u64 = gate
+        .admitted
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, _, w)| *w)
+        .map(|(_, b, _)| b)
+        .sum();
+    let on_disk = std::fs::metadata(&out_path).expect("written").len();
+    assert_eq!(written, on_disk, "every written byte admitted");
+
+    // A gate that refuses fails the statement with its error.
+    let refusing = Arc::new(Recorder {
+        fail_after: Some(crate::io::CHUNK),
+        ..Recorder::default()
+    });
+    let failed = async {
+        let out = s
+            .execute(
+                "SELECT count(*) AS n FROM rows",
+                ExecuteOptions {
+                    target_partitions: Some(1),
+                    io: Some(refusing.clone()),
+                },
+                vec![],
+            )
+            .await?;
+        match out {
+            QueryOutput::Rows { batches, .. } => batches.try_collect::<Vec<_>>().await.map(|_| ()),
+            QueryOutput::Command { .. } => Ok(()),
+        }
+    }
+    .await
+    .expect_err("the gate refused");
+    assert!(failed.to_string().contains("the gate said no"), "{failed}");
+    // Without a gate nothing is asked.
+    let before = gate.admitted.lock().expect("lock").len();
+    text(&s, "SELECT count(*) FROM rows").await;
+    assert_eq!(gate.admitted.lock().expect("lock").len(), before);
 }

@@ -10,6 +10,7 @@
 //! - [`watch`]: noticing a client that went away while its statement waits or runs.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight.
+//! - [`disks`]: which disk a file is on, and the gate a statement's file IO waits at.
 //! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
 //!   [`error`]: the one mapping of errors to SQLSTATE and message.
 //!
@@ -30,6 +31,7 @@
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
 pub mod auth;
+pub mod disks;
 pub mod encode;
 pub mod error;
 pub mod lanes;

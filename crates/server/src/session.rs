@@ -1091,6 +1091,7 @@ impl Connection {
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
             target_partitions: threads,
+            io: crate::disks::DiskGate::for_statement(&self.shared, &grant),
         };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings

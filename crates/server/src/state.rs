@@ -112,7 +112,7 @@ impl ServerOptions {
 pub struct Snapshot {
     pub catalog: Catalog,
     pub trees: SchedulerTrees,
-    /// A running scheduler per QUERY and CPU resource.
+    /// A running scheduler per QUERY, CPU and IO resource.
     pub schedulers: BTreeMap<String, ResourceScheduler>,
     /// The resources that schedule CPU threads.
     pub cpu: CpuResources,
@@ -284,6 +284,8 @@ pub struct Shared {
     /// Learned lanes, by statement fingerprint.
     pub lanes: crate::lanes::LaneBook,
     pub query_log: crate::query_log::QueryLog,
+    /// `[disks]`, resolved: where IO resources schedule file reads and writes.
+    pub disks: crate::disks::Disks,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -326,6 +328,7 @@ impl Shared {
             engine: Arc::new(engine),
             lanes,
             query_log,
+            disks: crate::disks::Disks::new(&options.disks),
             users,
             tls,
             tls_cert_pem,
@@ -715,8 +718,7 @@ impl Drop for ProcessGuard {
     }
 }
 
-/// A scheduler per QUERY and CPU resource (the time-shared ones a statement holds while it
-/// runs; IO is scheduled per read, memory by the engine's pool). A tree that did not change keeps its scheduler (and with it
+/// A scheduler per QUERY, CPU and IO resource (memory is not scheduled yet). A tree that did not change keeps its scheduler (and with it
 /// the queries waiting and running in it); a changed tree gets a new scheduler that takes over
 /// the old one's waiting queries and in-flight counts ([`ResourceScheduler::succeed`]); the
 /// scheduler of a resource that is gone fails its waiting queries.
@@ -726,7 +728,10 @@ fn schedulers(
 ) -> BTreeMap<String, ResourceScheduler> {
     let mut out = BTreeMap::new();
     let held = |t: &&sluice_sched::ResourceTree| {
-        matches!(t.unit, CostUnit::QuerySlot | CostUnit::CpuNanosecond)
+        matches!(
+            t.unit,
+            CostUnit::QuerySlot | CostUnit::CpuNanosecond | CostUnit::IoByte
+        )
     };
     for tree in trees.trees.iter().filter(held) {
         let old = previous.and_then(|p| {

@@ -181,7 +181,7 @@ pub async fn assert_nothing_held(admin: &Client) {
     assert_eq!(
         column(
             admin,
-            "SELECT sum(inflight_requests) || ' ' || sum(queue_length) FROM system.scheduler"
+            "SELECT coalesce(sum(inflight_requests), 0) || ' ' || coalesce(sum(queue_length), 0) FROM system.scheduler"
         )
         .await,
         ["0 0"],
