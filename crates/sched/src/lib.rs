@@ -6,7 +6,8 @@
 //! ([`runtime::ResourceScheduler`]): the time-shared nodes (fifo, fair, priority, inflight_limit,
 //! bandwidth_limit), admission futures and RAII permits that can move to another workload or
 //! change their cost, and a [`runtime::Clock`] so timing logic runs in virtual time in tests;
-//! and the shares each workload is promised, read off the settings ([`shares`]).
+//! the space-shared (memory) nodes: allocations admitted, grown, shrunk and evicted
+//! ([`space::MemoryScheduler`]); and the shares each workload is promised, read off the settings ([`shares`]).
 //! The runtime's behaviour reads as data-driven scripts in `testdata/` (run by
 //! `tests/scripts.rs`).
 //!
@@ -22,10 +23,12 @@
 
 pub mod runtime;
 pub mod shares;
+pub mod space;
 pub mod tree;
 
 pub use runtime::{Acquire, Clock, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock};
 pub use shares::{shares, ShareRow};
+pub use space::{Allocation, KillSwitch, MemoryScheduler, PendingAllocation, SpaceNodeState, SpaceStats};
 
 pub use tree::{
     compile, recompile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees,

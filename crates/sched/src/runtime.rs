@@ -43,7 +43,7 @@
 //! The old scheduler forwards: a permit released there is released in its successor too, and
 //! requests sent to it go to the successor. So a change never admits more than the new limits.
 //!
-//! Not yet here: the space-shared (memory) nodes.
+//! The space-shared (memory) nodes run in [`crate::space`].
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

@@ -23,6 +23,8 @@ pub enum ErrorCode {
     MemoryLimitExceeded,
     /// A query waited longer than `workload_admission_timeout_ms` for a query slot.
     QuerySlotAcquisitionTimeout,
+    /// A query waited longer than `workload_admission_timeout_ms` for its memory reservation.
+    MemoryReservationAcquisitionTimeout,
     TimeoutExceeded,
     SettingConstraintViolation,
     AccessDenied,
@@ -64,6 +66,9 @@ impl ErrorCode {
             ErrorCode::ResourceLimitExceeded => "RESOURCE_LIMIT_EXCEEDED",
             ErrorCode::MemoryLimitExceeded => "MEMORY_LIMIT_EXCEEDED",
             ErrorCode::QuerySlotAcquisitionTimeout => "QUERY_SLOT_ACQUISITION_TIMEOUT",
+            ErrorCode::MemoryReservationAcquisitionTimeout => {
+                "MEMORY_RESERVATION_ACQUISITION_TIMEOUT"
+            }
             ErrorCode::TimeoutExceeded => "TIMEOUT_EXCEEDED",
             ErrorCode::SettingConstraintViolation => "SETTING_CONSTRAINT_VIOLATION",
             ErrorCode::AccessDenied => "ACCESS_DENIED",
@@ -99,6 +104,7 @@ impl ErrorCode {
             ErrorCode::ResourceLimitExceeded => 776,
             ErrorCode::MemoryLimitExceeded => 241,
             ErrorCode::QuerySlotAcquisitionTimeout => 1019,
+            ErrorCode::MemoryReservationAcquisitionTimeout => 1020,
             ErrorCode::TimeoutExceeded => 159,
             ErrorCode::SettingConstraintViolation => 452,
             ErrorCode::AccessDenied => 497,
@@ -140,6 +146,7 @@ impl ErrorCode {
             ErrorCode::ResourceLimitExceeded => "53200",
             ErrorCode::MemoryLimitExceeded => "53200",
             ErrorCode::QuerySlotAcquisitionTimeout => "57014",
+            ErrorCode::MemoryReservationAcquisitionTimeout => "57014",
             ErrorCode::ResourceAccessDenied
             | ErrorCode::AccessDenied
             | ErrorCode::SettingConstraintViolation
