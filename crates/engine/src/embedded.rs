@@ -532,15 +532,24 @@ impl SessionInner {
             let parallelism = options
                 .target_partitions
                 .filter(|&n| n > 0 && n != planning.target_partitions());
-            let mut one_off = (parallelism.is_some() || options.io.is_some()).then(|| {
+            let own_runtime = options.io.is_some() || options.memory.is_some();
+            let mut one_off = (parallelism.is_some() || own_runtime).then(|| {
                 let mut state = self.ctx.state();
                 if let Some(n) = parallelism {
                     state.config_mut().options_mut().execution.target_partitions = n;
                 }
-                if let Some(gate) = options.io.clone() {
+                if own_runtime {
                     let mut env = (**state.runtime_env()).clone();
-                    env.object_store_registry =
-                        crate::io::gated_registry(env.object_store_registry.clone(), gate);
+                    if let Some(gate) = options.io.clone() {
+                        env.object_store_registry =
+                            crate::io::gated_registry(env.object_store_registry.clone(), gate);
+                    }
+                    if let Some(charge) = options.memory.clone() {
+                        env.memory_pool = Arc::new(crate::memory::ChargedPool::new(
+                            env.memory_pool.clone(),
+                            charge,
+                        ));
+                    }
                     state = SessionStateBuilder::new_from_existing(state)
                         .with_runtime_env(Arc::new(env))
                         .build();

@@ -24,6 +24,11 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
         DataFusionError::Plan(_) => (ErrorCode::BadArguments, None),
         // The engine's memory pool refused an allocation: the query needed more than the
         // engine may use (ClickHouse says MEMORY_LIMIT_EXCEEDED for its total limit).
+        // A statement's own cap (its charge names the setting); its explicit SQLSTATE also
+        // keeps the engine-wide preamble below off it.
+        DataFusionError::ResourcesExhausted(m) if m.contains("max_memory_usage") => {
+            (ErrorCode::MemoryLimitExceeded, Some("53200"))
+        }
         DataFusionError::ResourcesExhausted(m) if m.contains("allocate") => {
             (ErrorCode::MemoryLimitExceeded, None)
         }
@@ -41,7 +46,7 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
     };
-    let text = if code == ErrorCode::MemoryLimitExceeded {
+    let text = if code == ErrorCode::MemoryLimitExceeded && sqlstate.is_none() {
         // Say what the limit is before DataFusion's account of who holds what.
         format!("Memory limit (total) exceeded: the statement needed more memory than the engine's queries may hold together (server.engine_memory_ratio of server.memory); it was stopped and what it held is free. {text}")
     } else {

@@ -38,6 +38,7 @@ pub mod embedded;
 pub mod error;
 pub mod functions;
 pub mod io;
+pub mod memory;
 
 use std::pin::Pin;
 
@@ -52,6 +53,7 @@ pub use datafusion;
 pub use embedded::{collected, Embedded, EmbeddedSession};
 pub use functions::Barriers;
 pub use io::IoGate;
+pub use memory::MemoryCharge;
 
 /// A statement's rows, batch by batch, as the engine produces them.
 pub type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
@@ -92,6 +94,9 @@ pub struct ExecuteOptions {
     /// Where its file reads and writes wait for their turn (the disks' IO resources); `None`:
     /// they do not wait.
     pub io: Option<std::sync::Arc<dyn io::IoGate>>,
+    /// Where its memory is counted besides the engine's pool (its workload's allocation,
+    /// `max_memory_usage`); `None`: the engine's pool only.
+    pub memory: Option<std::sync::Arc<dyn memory::MemoryCharge>>,
 }
 
 /// An engine: where sessions come from, and where the server publishes `system.*`.

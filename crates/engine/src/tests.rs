@@ -392,7 +392,7 @@ async fn a_statement_runs_at_its_granted_parallelism_and_keeps_the_session_cache
     text(&s, "INSERT INTO p VALUES (1, 1), (1, 2), (2, 3), (3, 4)").await;
     let at = |n: usize| ExecuteOptions {
         target_partitions: Some(n),
-        io: None,
+        ..ExecuteOptions::default()
     };
     let render = |out: QueryOutput| async move {
         match out {
@@ -495,6 +495,7 @@ async fn file_reads_and_writes_go_through_the_statements_gate() {
     let options = ExecuteOptions {
         target_partitions: Some(1),
         io: Some(gate.clone()),
+        ..ExecuteOptions::default()
     };
     let out = s
         .execute("SELECT count(*) AS n FROM rows", options.clone(), vec![])
@@ -552,6 +553,7 @@ async fn file_reads_and_writes_go_through_the_statements_gate() {
                 ExecuteOptions {
                     target_partitions: Some(1),
                     io: Some(refusing.clone()),
+                    ..ExecuteOptions::default()
                 },
                 vec![],
             )

@@ -69,6 +69,43 @@ fn benches(c: &mut Criterion) {
         b.iter(|| admit(&wide, "t2g3"))
     });
 
+    // Memory: one statement's growth and shrink through a three-level tree with two limits
+    // (what the engine's pool asks on every allocation a statement makes).
+    let mut catalog = Catalog::new();
+    for item in parse_script(
+        "CREATE RESOURCE mem (MEMORY RESERVATION);
+         CREATE WORKLOAD all SETTINGS max_memory = '64Gi';
+         CREATE WORKLOAD team IN all SETTINGS max_memory = '32Gi';
+         CREATE WORKLOAD etl IN team SETTINGS weight = 3;
+         CREATE WORKLOAD adhoc IN team",
+    ) {
+        catalog
+            .apply_mut(&item.result.expect("parses"))
+            .expect("applies");
+    }
+    let trees = compile(
+        &catalog,
+        Machine {
+            cores: 16,
+            memory: 1 << 36,
+        },
+    )
+    .expect("compiles");
+    let memory = sluice_sched::MemoryScheduler::new(trees.tree("mem").expect("tree mem"));
+    let mut pending = memory
+        .allocate("etl", 0, Arc::new(|_| {}))
+        .expect("allocates");
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Ok(allocation)) = Pin::new(&mut pending).poll(&mut cx) else {
+        panic!("a size-0 allocation runs at once")
+    };
+    c.bench_function("memory/try_grow_then_shrink_64KiB", |b| {
+        b.iter(|| {
+            allocation.try_grow(65536).expect("fits");
+            allocation.shrink(65536);
+        })
+    });
+
     // Unknown workload: the lookup alone.
     c.bench_function("admission/unknown_workload", |b| {
         b.iter(|| admit(&lanes, "nobody"))

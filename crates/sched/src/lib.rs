@@ -28,7 +28,9 @@ pub mod tree;
 
 pub use runtime::{Acquire, Clock, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock};
 pub use shares::{shares, ShareRow};
-pub use space::{Allocation, KillSwitch, MemoryScheduler, PendingAllocation, SpaceNodeState, SpaceStats};
+pub use space::{
+    Allocation, KillSwitch, MemoryScheduler, PendingAllocation, SpaceNodeState, SpaceStats,
+};
 
 pub use tree::{
     compile, recompile, Machine, Node, NodeKind, ResourceTree, SchedulerRow, SchedulerTrees,

@@ -455,10 +455,9 @@ fn next_pending(state: &State, n: usize) -> Option<u64> {
             .filter(|&&c| state.nodes[c].waiting > 0)
             .min_by(|&&a, &&b| usage(state, a).total_cmp(&usage(state, b)))
             .and_then(|&c| next_pending(state, c)),
-        Kind::Workload | Kind::Limit { .. } => node
-            .children
-            .iter()
-            .find_map(|&c| next_pending(state, c)),
+        Kind::Workload | Kind::Limit { .. } => {
+            node.children.iter().find_map(|&c| next_pending(state, c))
+        }
     }
 }
 
@@ -469,10 +468,17 @@ fn usage(state: &State, n: usize) -> f64 {
 /// The outermost `allocation_limit` on `leaf`'s path that `extra` more bytes would pass,
 /// counting what killed allocations below it will free as free already.
 fn violated(state: &State, leaf: usize, extra: i64) -> Option<usize> {
-    path(state, leaf).into_iter().rev().find(|&n| match state.nodes[n].kind {
-        Kind::Limit { max } => state.nodes[n].allocated - freeing(state, n) + extra > max,
-        _ => false,
-    })
+    path(state, leaf)
+        .into_iter()
+        .rev()
+        .find(|&n| match state.nodes[n].kind {
+            // What victims will free is only counted when the limit is reached (it scans).
+            Kind::Limit { max } => {
+                let allocated = state.nodes[n].allocated;
+                allocated + extra > max && allocated - freeing(state, n) + extra > max
+            }
+            _ => false,
+        })
 }
 
 /// Bytes held by killed allocations under `n` (freed as they stop).
@@ -486,9 +492,9 @@ fn freeing(state: &State, n: usize) -> i64 {
         .sum()
 }
 
-/// The allocation under node `n` to evict for `killer` (in `killer_leaf`; `pending`: it is
+/// The allocation under node `n` to evict for a killer in `killer_leaf` (`pending`: it is
 /// being admitted, not grown), by the rules in the module docs.
-fn victim(state: &State, n: usize, killer: u64, killer_leaf: usize, pending: bool) -> Option<u64> {
+fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<u64> {
     let node = &state.nodes[n];
     let running = |c: usize| state.nodes[c].allocated - freeing(state, c) > 0;
     match &node.kind {
@@ -499,16 +505,22 @@ fn victim(state: &State, n: usize, killer: u64, killer_leaf: usize, pending: boo
             state
                 .allocs
                 .iter()
-                .filter(|(_, a)| a.leaf == Some(n) && a.pending.is_none() && !a.killed && a.size > 0)
+                .filter(|(_, a)| {
+                    a.leaf == Some(n) && a.pending.is_none() && !a.killed && a.size > 0
+                })
                 .max_by_key(|(id, a)| (a.size, std::cmp::Reverse(**id)))
                 .map(|(id, _)| *id)
         }
         Kind::Workload | Kind::Limit { .. } => node
             .children
             .iter()
-            .find_map(|&c| victim(state, c, killer, killer_leaf, pending)),
+            .find_map(|&c| victim(state, c, killer_leaf, pending)),
         Kind::Fair => {
-            let own = node.children.iter().copied().find(|&c| holds(state, c, killer_leaf));
+            let own = node
+                .children
+                .iter()
+                .copied()
+                .find(|&c| holds(state, c, killer_leaf));
             let candidates: Vec<usize> = node
                 .children
                 .iter()
@@ -520,10 +532,14 @@ fn victim(state: &State, n: usize, killer: u64, killer_leaf: usize, pending: boo
             let c = candidates
                 .into_iter()
                 .max_by(|&a, &b| usage(state, a).total_cmp(&usage(state, b)))?;
-            victim(state, c, killer, killer_leaf, pending)
+            victim(state, c, killer_leaf, pending)
         }
         Kind::Precedence => {
-            let own = node.children.iter().copied().find(|&c| holds(state, c, killer_leaf));
+            let own = node
+                .children
+                .iter()
+                .copied()
+                .find(|&c| holds(state, c, killer_leaf));
             let c = node
                 .children
                 .iter()
@@ -537,7 +553,7 @@ fn victim(state: &State, n: usize, killer: u64, killer_leaf: usize, pending: boo
                     return None;
                 }
             }
-            victim(state, c, killer, killer_leaf, pending)
+            victim(state, c, killer_leaf, pending)
         }
     }
 }
@@ -584,10 +600,13 @@ fn admit_pending(state: &mut State, resource: &str) -> Kills {
     while let Some(id) = next_pending(state, 0) {
         let (leaf, reserve) = {
             let a = &state.allocs[&id];
-            (a.leaf.expect("pending allocations have a queue"), a.pending.as_ref().map_or(0, |p| p.0))
+            (
+                a.leaf.expect("pending allocations have a queue"),
+                a.pending.as_ref().map_or(0, |p| p.0),
+            )
         };
         if let Some(limit) = violated(state, leaf, reserve) {
-            if let Some(v) = victim(state, limit, id, leaf, true) {
+            if let Some(v) = victim(state, limit, leaf, true) {
                 kills.extend(kill(state, resource, limit, v, leaf));
             }
             break; // it waits for memory to free, and so does everyone behind it
@@ -617,7 +636,11 @@ fn admit_pending(state: &mut State, resource: &str) -> Kills {
 }
 
 /// Runs `f` on the state holding allocation `id` now (following successors).
-fn with_alloc<R>(mut shared: Arc<Shared>, id: u64, f: impl FnOnce(&Shared, &mut State) -> R) -> Option<R> {
+fn with_alloc<R>(
+    mut shared: Arc<Shared>,
+    id: u64,
+    f: impl FnOnce(&Shared, &mut State) -> R,
+) -> Option<R> {
     loop {
         let mut state = shared.lock();
         if state.allocs.contains_key(&id) {
@@ -700,7 +723,9 @@ impl Future for PendingAllocation {
 impl Drop for PendingAllocation {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            let kills = with_alloc(shared, self.id, |shared, state| remove(shared, state, self.id));
+            let kills = with_alloc(shared, self.id, |shared, state| {
+                remove(shared, state, self.id)
+            });
             deliver(kills.unwrap_or_default());
         }
     }
@@ -766,8 +791,10 @@ impl Allocation {
             }
             if let (true, Some(leaf)) = (checked && bytes > 0, leaf) {
                 if let Some(limit) = violated(state, leaf, bytes) {
-                    match victim(state, limit, id, leaf, false) {
-                        Some(v) if v != id => kills.extend(kill(state, &shared.resource, limit, v, leaf)),
+                    match victim(state, limit, leaf, false) {
+                        Some(v) if v != id => {
+                            kills.extend(kill(state, &shared.resource, limit, v, leaf))
+                        }
                         _ => {
                             let (allocated, max) = match state.nodes[limit].kind {
                                 Kind::Limit { max } => (state.nodes[limit].allocated, max),
@@ -815,7 +842,9 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            let kills = with_alloc(shared, self.id, |shared, state| remove(shared, state, self.id));
+            let kills = with_alloc(shared, self.id, |shared, state| {
+                remove(shared, state, self.id)
+            });
             deliver(kills.unwrap_or_default());
         }
     }

@@ -76,11 +76,20 @@ fn a_limit_makes_reservations_wait_in_order_and_admits_them_as_memory_frees() {
     // b does not fit, and c (which would) waits behind it: FIFO in a leaf.
     let b = admitted(b).expect_err("waits");
     let c = admitted(c).expect_err("waits behind b");
-    assert!(kills.take().is_empty(), "a pending allocation never evicts its own workload's");
+    assert!(
+        kills.take().is_empty(),
+        "a pending allocation never evicts its own workload's"
+    );
     // Larger than the limit on its own: refused at once.
-    let e = s.allocate("w", 101, kills.switch("x")).expect_err("too big");
+    let e = s
+        .allocate("w", 101, kills.switch("x"))
+        .expect_err("too big");
     assert_eq!(e.code, ErrorCode::ResourceLimitExceeded);
-    assert!(e.message.contains("exceeds the limit of 100"), "{}", e.message);
+    assert!(
+        e.message.contains("exceeds the limit of 100"),
+        "{}",
+        e.message
+    );
     a.shrink(20);
     // 40 + 50 fits now, and c behind it too: 100 of 100.
     let b = admitted(b).expect("b after a shrinks");
@@ -88,7 +97,11 @@ fn a_limit_makes_reservations_wait_in_order_and_admits_them_as_memory_frees() {
     assert_eq!(allocated(&s, "/all"), 100);
     drop((a, b, c));
     assert_eq!(allocated(&s, "/all"), 0, "nothing held");
-    let node = s.nodes().into_iter().find(|n| n.path == "/all").expect("all");
+    let node = s
+        .nodes()
+        .into_iter()
+        .find(|n| n.path == "/all")
+        .expect("all");
     assert_eq!((node.stats.admits, node.stats.removes), (3, 3));
 }
 
@@ -102,7 +115,11 @@ fn max_waiting_queries_refuses_pending_allocations_past_it() {
     let _b = s.allocate("w", 5, kills.switch("b")).expect("queued");
     let e = s.allocate("w", 5, kills.switch("c")).expect_err("full");
     assert_eq!(e.code, ErrorCode::ServerOverloaded);
-    let queue = s.nodes().into_iter().find(|n| n.path.ends_with("/w/queue")).expect("queue");
+    let queue = s
+        .nodes()
+        .into_iter()
+        .find(|n| n.path.ends_with("/w/queue"))
+        .expect("queue");
     assert_eq!((queue.pending, queue.stats.rejects), (Some(1), 1));
 }
 
@@ -115,10 +132,16 @@ fn admission_goes_by_precedence_then_max_min_fair_by_weight() {
          CREATE WORKLOAD adhoc IN all SETTINGS weight = 1",
     ));
     let kills = Kills::default();
-    let hold = admitted(s.allocate("adhoc", 100, kills.switch("hold")).expect("hold")).expect("fits");
+    let hold = admitted(
+        s.allocate("adhoc", 100, kills.switch("hold"))
+            .expect("hold"),
+    )
+    .expect("fits");
     // Waiting: two of etl, two of adhoc, then one of prod (which arrives last).
     let etl1 = s.allocate("etl", 30, kills.switch("etl1")).expect("etl1");
-    let adhoc1 = s.allocate("adhoc", 10, kills.switch("adhoc1")).expect("adhoc1");
+    let adhoc1 = s
+        .allocate("adhoc", 10, kills.switch("adhoc1"))
+        .expect("adhoc1");
     let prod = s.allocate("prod", 20, kills.switch("prod")).expect("prod");
     // A pending allocation of higher precedence evicts lower precedence (adhoc's hold); the
     // pending ones of etl and adhoc evicted nobody (equal precedence, or their own workload).
@@ -141,8 +164,10 @@ fn eviction_follows_clickhouses_rules() {
          CREATE WORKLOAD dev IN all SETTINGS precedence = 1",
     ));
     let kills = Kills::default();
-    let dev_small = admitted(s.allocate("dev", 0, kills.switch("dev_small")).expect("d")).expect("0 runs");
-    let dev_big = admitted(s.allocate("dev", 0, kills.switch("dev_big")).expect("d")).expect("0 runs");
+    let dev_small =
+        admitted(s.allocate("dev", 0, kills.switch("dev_small")).expect("d")).expect("0 runs");
+    let dev_big =
+        admitted(s.allocate("dev", 0, kills.switch("dev_big")).expect("d")).expect("0 runs");
     dev_small.try_grow(20).expect("fits");
     dev_big.try_grow(60).expect("fits");
     let prod = admitted(s.allocate("prod", 0, kills.switch("prod")).expect("p")).expect("0 runs");
@@ -157,14 +182,20 @@ fn eviction_follows_clickhouses_rules() {
     // The evicted one's next growth fails; what it frees as it stops lets others in.
     assert!(dev_big.try_grow(1).is_err());
     drop(dev_big);
-    dev_small.try_grow(30).expect("fits once the victim is gone");
+    dev_small
+        .try_grow(30)
+        .expect("fits once the victim is gone");
     // A pending dev allocation cannot evict anyone (its own workload, or higher precedence).
-    let waiting = s.allocate("dev", 50, kills.switch("waiting")).expect("queued");
+    let waiting = s
+        .allocate("dev", 50, kills.switch("waiting"))
+        .expect("queued");
     let waiting = admitted(waiting).expect_err("waits");
     assert!(kills.take().is_empty());
     // A pending prod allocation may evict lower precedence.
-    let prod2 = s.allocate("prod", 40, kills.switch("prod2")).expect("queued");
-    let _ = admitted(prod2).expect_err("waits for the victim");
+    let prod2 = s
+        .allocate("prod", 40, kills.switch("prod2"))
+        .expect("queued");
+    drop(admitted(prod2).expect_err("waits for the victim"));
     assert_eq!(kills.take(), ["dev_small"]);
     drop(waiting);
     let victims: u64 = s
@@ -197,7 +228,8 @@ fn a_catalog_change_keeps_running_and_pending_allocations() {
     drop((a, b));
     assert_eq!(allocated(&next, "/all"), 0);
     // A pending allocation whose workload is gone fails.
-    let hold = admitted(next.allocate("v", 200, kills.switch("hold")).expect("hold")).expect("fits");
+    let hold =
+        admitted(next.allocate("v", 200, kills.switch("hold")).expect("hold")).expect("fits");
     let c = next.allocate("v", 10, kills.switch("c")).expect("queued");
     let last = next.succeed(&tree(
         "CREATE WORKLOAD all SETTINGS max_memory = 200; CREATE WORKLOAD w IN all",

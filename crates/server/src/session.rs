@@ -70,6 +70,10 @@ struct QuerySettings {
     admission_timeout: Option<Duration>,
     /// `use_concurrency_control = 0`: CPU slots are not asked for (ClickHouse's bypass).
     no_concurrency_control: bool,
+    /// `reserve_memory`: bytes the statement's allocation must be admitted with.
+    reserve_memory: u64,
+    /// `max_memory_usage`: the most the statement may hold (0: no cap).
+    max_memory_usage: u64,
 }
 
 const KNOWN_SETTINGS: &[&str] = &[
@@ -122,10 +126,9 @@ fn query_settings(settings: &[(String, Literal)]) -> Result<QuerySettings> {
                 out.max_execution_time = (s > 0.0).then(|| Duration::from_secs_f64(s));
             }
             "use_concurrency_control" => out.no_concurrency_control = number()? == 0.0,
-            // Accepted and validated; they take effect with the memory resource.
-            _ => {
-                number()?;
-            }
+            "reserve_memory" => out.reserve_memory = number()? as u64,
+            "max_memory_usage" => out.max_memory_usage = number()? as u64,
+            _ => unreachable!("every known setting is handled"),
         }
     }
     Ok(out)
@@ -921,40 +924,25 @@ impl Connection {
         )
     }
 
+    /// Waits for one slot of each resource of `order` in turn (a QUERY slot, a master thread),
+    /// adding each permit to `attachments`. A `MOVE QUERY` meanwhile moves the request and the
+    /// permits already held to the new `workload`; a kill, the client going away, shutdown or
+    /// the admission deadline end the wait with their error.
     #[allow(clippy::too_many_arguments)]
-    async fn admit_and_run(
+    async fn wait_for_slots(
         &self,
-        user: &str,
-        workload: &str,
-        classified: Option<Arc<crate::state::Classified>>,
-        query: Query,
-        settings: QuerySettings,
-        params: Vec<ScalarValue>,
+        order: &[(&String, &sluice_sched::ResourceScheduler)],
+        guard: &crate::state::ProcessGuard,
+        snapshot: &crate::state::Snapshot,
+        workload: &mut String,
+        attachments: &mut Vec<Attachment>,
+        admission_deadline: Option<(tokio::time::Instant, Duration)>,
         notices: &mut dyn Notices,
-        record: &mut Option<RunRecord>,
-    ) -> Result<Outcome> {
-        let mut attachments: Vec<Attachment> = Vec::new();
-        let pid = self.cancel.get().map(|((pid, _), _)| *pid);
-        let guard = self.shared.register(user, workload, &query.text, pid);
-        // Only a statement a rule placed can be placed again while it waits.
-        let placed_by_rule = classified.is_some();
-        guard.classified(classified);
-        if let Some(record) = record.as_mut() {
-            record.set_query_id(guard.query_id);
-        }
-        // Where it queues; a `MOVE QUERY` while it waits changes it.
-        let mut workload = workload.to_string();
-        // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
-        let admission_deadline = self
-            .admission_timeout(user, settings.admission_timeout)?
-            .map(|limit| (tokio::time::Instant::now() + limit, limit));
-        let snapshot = self.shared.snapshot();
-        let cpu_scheduled = !settings.no_concurrency_control;
-        let order = snapshot.admission_order(cpu_scheduled);
+    ) -> Result<()> {
         let mut resources = order.iter().copied();
         let mut next = resources.next();
         'resources: while let Some((resource, scheduler)) = next {
-            if !scheduler.has_workload(&workload) {
+            if !scheduler.has_workload(workload) {
                 if self.shared.options.throw_on_unknown_workload {
                     return Err(access_denied(resource));
                 }
@@ -962,8 +950,8 @@ impl Connection {
                 continue;
             }
             let arrived = std::time::Instant::now();
-            let mut series = self.shared.metrics.series(resource, &workload);
-            let mut acquire = scheduler.acquire(&workload, 1).inspect_err(|e| {
+            let mut series = self.shared.metrics.series(resource, workload);
+            let mut acquire = scheduler.acquire(workload, 1).inspect_err(|e| {
                 if e.code == ErrorCode::ServerOverloaded {
                     series.rejected();
                 }
@@ -1000,7 +988,7 @@ impl Connection {
                                 continue;
                             }
                         };
-                        for held in &mut attachments {
+                        for held in attachments.iter_mut() {
                             if let Some(s) = snapshot.schedulers.get(&held.resource) {
                                 held.permit.move_to(s, &to)?;
                             }
@@ -1008,21 +996,21 @@ impl Connection {
                         }
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
                         self.shared.show_in(guard.query_id, &to);
-                        workload = to;
+                        *workload = to;
                         drop(counted_waiting);
                         if !in_place {
                             // Granted meanwhile, or no queue for it here: ask this resource
                             // again in the new workload (the old request is let go).
                             continue 'resources;
                         }
-                        series = self.shared.metrics.series(resource, &workload);
+                        series = self.shared.metrics.series(resource, workload);
                         counted_waiting = series.waiting();
                     }
                     _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
                     _ = self.watch.gone() => return Err(client_gone()),
                     _ = until(admission_deadline) => {
                         let limit = admission_deadline.map_or(Duration::ZERO, |(_, l)| l);
-                        return Err(slot_timeout(limit, &workload, resource));
+                        return Err(slot_timeout(limit, workload, resource));
                     }
                 }
             };
@@ -1034,6 +1022,136 @@ impl Connection {
             });
             guard.waiting_for(None);
             next = resources.next();
+        }
+        Ok(())
+    }
+
+    /// The statement's memory in its workload: its allocation in the MEMORY RESERVATION
+    /// resource, admitted with `reserve_memory` bytes (waiting for them in its queue), and its
+    /// `max_memory_usage` cap. `None` when neither applies.
+    #[allow(clippy::too_many_arguments)]
+    async fn reserve_memory(
+        &self,
+        guard: &crate::state::ProcessGuard,
+        snapshot: &crate::state::Snapshot,
+        workload: &str,
+        settings: &QuerySettings,
+        admission_deadline: Option<(tokio::time::Instant, Duration)>,
+        notices: &mut dyn Notices,
+    ) -> Result<Option<Arc<StatementMemory>>> {
+        let reserve = i64::try_from(settings.reserve_memory).unwrap_or(i64::MAX);
+        let cap = (settings.max_memory_usage > 0)
+            .then(|| i64::try_from(settings.max_memory_usage).unwrap_or(i64::MAX));
+        let mut allocation = None;
+        if let Some((resource, scheduler)) = snapshot.memory.iter().next() {
+            if !scheduler.has_workload(workload) {
+                if self.shared.options.throw_on_unknown_workload {
+                    return Err(access_denied(resource));
+                }
+            } else {
+                let control = guard.control.clone();
+                let kill: sluice_sched::KillSwitch = Arc::new(move |e| control.stop_with(e));
+                let mut pending = scheduler.allocate(workload, reserve, kill)?;
+                if !pending.is_admitted() {
+                    guard.waiting_for(Some(resource));
+                    notices
+                        .notice(
+                            Severity::Notice,
+                            "00000",
+                            format!(
+                                "waiting for {reserve} bytes of resource '{resource}' in workload '{workload}' (reserve_memory); system.processes shows it as query_id {}",
+                                guard.query_id
+                            ),
+                        )
+                        .await;
+                }
+                let admitted = tokio::select! {
+                    admitted = &mut pending => admitted?,
+                    e = guard.control.killed() => return Err(e),
+                    _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+                    _ = self.watch.gone() => return Err(client_gone()),
+                    _ = until(admission_deadline) => {
+                        let limit = admission_deadline.map_or(Duration::ZERO, |(_, l)| l);
+                        return Err(memory_timeout(limit, workload, resource));
+                    }
+                };
+                guard.waiting_for(None);
+                allocation = Some(admitted);
+            }
+        }
+        if allocation.is_none() && cap.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(StatementMemory {
+            allocation,
+            reserved: reserve,
+            used: Mutex::new(0),
+            cap,
+        })))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn admit_and_run(
+        &self,
+        user: &str,
+        workload: &str,
+        classified: Option<Arc<crate::state::Classified>>,
+        query: Query,
+        settings: QuerySettings,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Outcome> {
+        let mut attachments: Vec<Attachment> = Vec::new();
+        let pid = self.cancel.get().map(|((pid, _), _)| *pid);
+        let guard = self.shared.register(user, workload, &query.text, pid);
+        // Only a statement a rule placed can be placed again while it waits.
+        let placed_by_rule = classified.is_some();
+        guard.classified(classified);
+        if let Some(record) = record.as_mut() {
+            record.set_query_id(guard.query_id);
+        }
+        // Where it queues; a `MOVE QUERY` while it waits changes it.
+        let mut workload = workload.to_string();
+        // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
+        let admission_deadline = self
+            .admission_timeout(user, settings.admission_timeout)?
+            .map(|limit| (tokio::time::Instant::now() + limit, limit));
+        let snapshot = self.shared.snapshot();
+        let cpu_scheduled = !settings.no_concurrency_control;
+        // Its query slot, then its memory reservation, then its master thread.
+        self.wait_for_slots(
+            &snapshot.query_slots(),
+            &guard,
+            &snapshot,
+            &mut workload,
+            &mut attachments,
+            admission_deadline,
+            notices,
+        )
+        .await?;
+        let memory = self
+            .reserve_memory(
+                &guard,
+                &snapshot,
+                &workload,
+                &settings,
+                admission_deadline,
+                notices,
+            )
+            .await?;
+        if cpu_scheduled {
+            let master: Vec<_> = snapshot.master().into_iter().collect();
+            self.wait_for_slots(
+                &master,
+                &guard,
+                &snapshot,
+                &mut workload,
+                &mut attachments,
+                admission_deadline,
+                notices,
+            )
+            .await?;
         }
         // Worker threads: as many as are free now, up to max_threads - 1, never waited for
         // (reference §4.8); the statement's parallelism is the threads it holds.
@@ -1087,11 +1205,19 @@ impl Connection {
         let control = guard.control.clone();
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
-        let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
+        // The statement's memory is held here, not by the engine (which lets go of its
+        // runtime once the plan is started), so the allocation lasts as long as the statement.
+        let hold: Held = vec![
+            Box::new(guard),
+            Box::new(grant.clone()),
+            Box::new(demoter),
+            Box::new(memory.clone()),
+        ];
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
             target_partitions: threads,
             io: crate::disks::DiskGate::for_statement(&self.shared, &grant),
+            memory: memory.map(|m| m as Arc<dyn sluice_engine::MemoryCharge>),
         };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings
@@ -1316,11 +1442,74 @@ async fn until(deadline: Option<(tokio::time::Instant, Duration)>) {
 }
 
 /// A statement that waited `workload_admission_timeout_ms` for a query slot.
+/// What one statement holds in memory, as its workload counts it: the engine's bytes, its
+/// allocation (at least its reservation: growth first uses what was reserved), its cap.
+#[derive(Debug)]
+pub(crate) struct StatementMemory {
+    allocation: Option<sluice_sched::Allocation>,
+    reserved: i64,
+    used: Mutex<i64>,
+    cap: Option<i64>,
+}
+
+impl sluice_engine::MemoryCharge for StatementMemory {
+    fn try_grow(&self, bytes: usize) -> std::result::Result<(), String> {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let want = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        if let Some(cap) = self.cap.filter(|&cap| want > cap) {
+            return Err(format!(
+                "Memory limit (for query) exceeded: would use {want} bytes, max_memory_usage is {cap}"
+            ));
+        }
+        if let Some(allocation) = &self.allocation {
+            let size = allocation.size();
+            if want > size {
+                allocation.try_grow(want - size).map_err(|e| e.message)?;
+            }
+        }
+        *used = want;
+        Ok(())
+    }
+
+    fn grow(&self, bytes: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        if let Some(allocation) = &self.allocation {
+            let size = allocation.size();
+            if *used > size {
+                allocation.grow(*used - size);
+            }
+        }
+    }
+
+    fn shrink(&self, bytes: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = (*used - i64::try_from(bytes).unwrap_or(i64::MAX)).max(0);
+        if let Some(allocation) = &self.allocation {
+            let keep = (*used).max(self.reserved);
+            let size = allocation.size();
+            if size > keep {
+                allocation.shrink(size - keep);
+            }
+        }
+    }
+}
+
+fn memory_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
+    Error::new(
+        ErrorCode::MemoryReservationAcquisitionTimeout,
+        format!(
+            "Memory reservation acquisition timed out: waited {} ms (workload_admission_timeout_ms) for reserve_memory in resource '{resource}' of workload '{workload}'; the statement did not start. Raise the timeout, lower reserve_memory, or raise the workload's max_memory",
+            limit.as_millis()
+        ),
+    )
+}
+
 fn slot_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
     Error::new(
         ErrorCode::QuerySlotAcquisitionTimeout,
         format!(
-            "Query slot acquisition timed out: waited {} ms (workload_admission_timeout_ms) for resource '{resource}' in workload '{workload}'; the statement did not start. Raise the timeout, or the workload's max_concurrent_queries",
+            "Query slot acquisition timed out: waited {} ms (workload_admission_timeout_ms) for resource '{resource}' in workload '{workload}'; the statement did not start. Raise the timeout, or the workload's limit on it (max_concurrent_queries, max_concurrent_threads)",
             limit.as_millis()
         ),
     )

@@ -9,7 +9,9 @@ use std::time::Instant;
 use crate::auth::{tls_acceptor, User, Users};
 use sluice_catalog::{config_layer, Catalog, DiskStorage};
 use sluice_engine::{Embedded, Engine};
-use sluice_sched::{compile, recompile, Machine, ResourceScheduler, SchedulerTrees, TokioClock};
+use sluice_sched::{
+    compile, recompile, Machine, MemoryScheduler, ResourceScheduler, SchedulerTrees, TokioClock,
+};
 use sluice_sql::{CostUnit, Error, ErrorCode, Result, Statement};
 
 /// A connection's identity for cancel requests: its process id and secret key.
@@ -116,6 +118,8 @@ pub struct Snapshot {
     pub schedulers: BTreeMap<String, ResourceScheduler>,
     /// The resources that schedule CPU threads.
     pub cpu: CpuResources,
+    /// A running scheduler per MEMORY RESERVATION resource (at most one, the catalog's rule).
+    pub memory: BTreeMap<String, MemoryScheduler>,
 }
 
 /// The resources covering `MASTER THREAD` and `WORKER THREAD` (at most one each, the
@@ -149,34 +153,33 @@ impl CpuResources {
 impl Snapshot {
     fn new(catalog: Catalog, trees: SchedulerTrees, previous: Option<&Snapshot>) -> Snapshot {
         let schedulers = schedulers(&trees, previous);
+        let memory = memory_schedulers(&trees, previous);
         let cpu = CpuResources::of(&catalog);
         Snapshot {
             catalog,
             trees,
             schedulers,
             cpu,
+            memory,
         }
     }
 
-    /// The resources a statement waits for before it starts, in the order it takes them: its
-    /// query slot, then (unless `cpu` is off: `use_concurrency_control = 0`) its master
-    /// thread. Worker threads are not waited for (see `ResourceScheduler::try_acquire`).
-    pub fn admission_order(&self, cpu: bool) -> Vec<(&String, &ResourceScheduler)> {
-        let mut order: Vec<(&String, &ResourceScheduler)> = self
-            .schedulers
+    /// The master-thread resource and its scheduler.
+    pub fn master(&self) -> Option<(&String, &ResourceScheduler)> {
+        self.schedulers.get_key_value(self.cpu.master.as_ref()?)
+    }
+
+    /// The QUERY resources a statement takes a slot of before it starts (then its memory
+    /// reservation, then its master thread: see `Session::admit_and_run`).
+    pub fn query_slots(&self) -> Vec<(&String, &ResourceScheduler)> {
+        self.schedulers
             .iter()
             .filter(|(resource, _)| {
                 self.trees
                     .tree(resource)
                     .is_some_and(|t| t.unit == CostUnit::QuerySlot)
             })
-            .collect();
-        if cpu {
-            if let Some(master) = &self.cpu.master {
-                order.extend(self.schedulers.get_key_value(master));
-            }
-        }
-        order
+            .collect()
     }
 
     /// The resource that grants worker threads, and its scheduler.
@@ -247,6 +250,16 @@ pub struct Control {
 }
 
 impl Control {
+    /// Stops the statement with `error` (`KILL QUERY`, an eviction), waiting or running; the
+    /// first reason given is the one it fails with.
+    pub fn stop_with(&self, error: Error) {
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(error);
+        self.kill.notify_one();
+    }
+
     /// Resolves with the error of a `KILL QUERY` aimed at this statement.
     pub async fn killed(&self) -> Error {
         self.kill.notified().await;
@@ -464,12 +477,7 @@ impl Shared {
         let control = self.process(query_id, |p| Some(p.control.clone()));
         match control {
             Some(control) => {
-                control
-                    .killed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_or_insert(error);
-                control.kill.notify_one();
+                control.stop_with(error);
                 true
             }
             None => false,
@@ -742,12 +750,7 @@ fn schedulers(
         });
         let scheduler = match old {
             Some((old_tree, scheduler)) => {
-                let unchanged = match (&old_tree.root, &tree.root) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                };
-                if unchanged {
+                if same_root(old_tree, tree) {
                     scheduler.clone()
                 } else {
                     scheduler.succeed(tree)
@@ -765,6 +768,40 @@ fn schedulers(
         }
     }
     out
+}
+
+/// A scheduler per MEMORY RESERVATION resource: kept while its tree is unchanged, else
+/// succeeded by the new tree's, which takes over every allocation.
+fn memory_schedulers(
+    trees: &SchedulerTrees,
+    previous: Option<&Snapshot>,
+) -> BTreeMap<String, MemoryScheduler> {
+    let mut out = BTreeMap::new();
+    for tree in trees
+        .trees
+        .iter()
+        .filter(|t| t.unit == CostUnit::MemoryByte)
+    {
+        let old = previous
+            .and_then(|p| Some((p.trees.tree(&tree.resource)?, p.memory.get(&tree.resource)?)));
+        let scheduler = match old {
+            Some((old_tree, scheduler)) if same_root(old_tree, tree) => scheduler.clone(),
+            Some((_, scheduler)) => scheduler.succeed(tree),
+            None => MemoryScheduler::new(tree),
+        };
+        out.insert(tree.resource.clone(), scheduler);
+    }
+    out
+}
+
+/// Whether two versions of a tree are the same compiled nodes (a change recompiles what it
+/// touched, so an untouched tree is shared whole).
+fn same_root(a: &sluice_sched::ResourceTree, b: &sluice_sched::ResourceTree) -> bool {
+    match (&a.root, &b.root) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 /// The error of a statement refused or stopped by shutdown.

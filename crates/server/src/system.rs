@@ -134,6 +134,31 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 .and_then(|nodes| nodes.get(&row.path))
         })
         .collect();
+    // The memory trees' live state (space-shared nodes have their own columns).
+    let space_states: std::collections::HashMap<
+        &str,
+        std::collections::HashMap<String, sluice_sched::SpaceNodeState>,
+    > = snapshot
+        .memory
+        .iter()
+        .map(|(resource, s)| {
+            (
+                resource.as_str(),
+                s.nodes().into_iter().map(|n| (n.path.clone(), n)).collect(),
+            )
+        })
+        .collect();
+    let space: Vec<Option<&sluice_sched::SpaceNodeState>> = rows
+        .iter()
+        .map(|row| {
+            space_states
+                .get(row.resource)
+                .and_then(|nodes| nodes.get(&row.path))
+        })
+        .collect();
+    let space_u64s = |f: &dyn Fn(&sluice_sched::SpaceNodeState) -> Option<u64>| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter(space.iter().map(|n| n.and_then(f))))
+    };
     let u64s = |f: &dyn Fn(&NodeState) -> Option<u64>| -> ArrayRef {
         Arc::new(UInt64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
@@ -194,7 +219,12 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             ("busy_periods", u64s(&|n| Some(n.stats.busy_periods))),
             ("vruntime", f64s(&|n| n.vruntime)),
             ("system_vruntime", f64s(&|n| n.system_vruntime)),
-            ("queue_length", u64s(&|n| n.queue_length)),
+            (
+                "queue_length",
+                Arc::new(UInt64Array::from_iter(live.iter().zip(&space).map(
+                    |(n, m)| n.and_then(|n| n.queue_length).or(m.and_then(|m| m.pending)),
+                ))) as ArrayRef,
+            ),
             ("inflight_requests", i64s(&|n| n.inflight_requests)),
             ("inflight_cost", i64s(&|n| n.inflight_cost)),
             (
@@ -218,6 +248,24 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 i64s(&|n| n.tokens.map(|_| n.stats.throttling.as_micros() as i64)),
             ),
             ("tokens", f64s(&|n| n.tokens)),
+            (
+                "allocated",
+                Arc::new(Int64Array::from_iter(
+                    space.iter().map(|n| n.map(|n| n.allocated)),
+                )),
+            ),
+            ("allocations", space_u64s(&|n| Some(n.allocations))),
+            ("increases", space_u64s(&|n| Some(n.stats.increases))),
+            ("decreases", space_u64s(&|n| Some(n.stats.decreases))),
+            ("admits", space_u64s(&|n| Some(n.stats.admits))),
+            ("removes", space_u64s(&|n| Some(n.stats.removes))),
+            ("killers", space_u64s(&|n| Some(n.stats.killers))),
+            ("victims", space_u64s(&|n| Some(n.stats.victims))),
+            (
+                "rejects",
+                space_u64s(&|n| n.pending.map(|_| n.stats.rejects)),
+            ),
+            ("pending", space_u64s(&|n| n.pending)),
         ])?,
     )?;
 

@@ -1,0 +1,177 @@
+//! Memory over the wire (`MEMORY RESERVATION`, reference §4.7): `reserve_memory` makes a
+//! statement wait for its bytes instead of failing, eviction kills the victim ClickHouse's rules
+//! name with 53200, an admission timeout fails with MEMORY_RESERVATION_ACQUISITION_TIMEOUT, and
+//! `max_memory_usage` caps one statement.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const ALLOCATED: &str = "SELECT allocated FROM system.scheduler \
+                         WHERE resource = 'mem' AND path = '/all'";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_waits_for_memory_and_runs_when_it_frees() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE mem (MEMORY RESERVATION);
+         CREATE WORKLOAD all SETTINGS max_memory = '100Mi';
+         CREATE WORKLOAD w IN all",
+        false,
+    )
+    .await;
+    let holder = spawn_query(
+        &server,
+        "SELECT sluice_barrier('a') SETTINGS workload = 'w', reserve_memory = '80Mi'",
+    )
+    .await;
+    until(&admin, ALLOCATED, &(80u64 << 20).to_string()).await;
+    // 40 Mi more does not fit: it waits, shown as waiting for the memory resource.
+    let waiter = spawn_query(
+        &server,
+        "SELECT 'ran' SETTINGS workload = 'w', reserve_memory = '40Mi'",
+    )
+    .await;
+    until_waiting(&admin, 1).await;
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT waiting_for FROM system.processes WHERE state = 'waiting'"
+        )
+        .await,
+        ["mem"]
+    );
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT pending FROM system.scheduler WHERE resource = 'mem' AND type = 'allocation_queue'"
+        )
+        .await,
+        ["1"]
+    );
+    // Bounded by the admission timeout: fails without starting, naming what it waited for.
+    let client = server.client().await;
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.simple_query(
+            "SELECT 2 SETTINGS workload = 'w', reserve_memory = '40Mi', workload_admission_timeout_ms = 200",
+        ),
+    )
+    .await
+    .expect("ends by itself")
+    .expect_err("times out");
+    assert_refused(&e, "57014", "workload 'w'");
+    assert!(
+        message(&e).contains("MEMORY_RESERVATION_ACQUISITION_TIMEOUT"),
+        "{}",
+        message(&e)
+    );
+    // More than the limit can ever give: refused at once.
+    let e = client
+        .simple_query("SELECT 3 SETTINGS workload = 'w', reserve_memory = '200Mi'")
+        .await
+        .expect_err("too big");
+    assert_refused(&e, "53200", "exceeds the limit");
+    // The holder ends: the waiter is admitted and runs.
+    server.barriers.open("a");
+    holder.await.expect("task").expect("holder");
+    let rows = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("admitted once memory freed")
+        .expect("task")
+        .expect("runs");
+    assert!(format!("{rows:?}").contains("ran"));
+    until(&admin, ALLOCATED, "0").await;
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growth_past_the_limit_evicts_lower_precedence_never_higher() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE mem (MEMORY RESERVATION);
+         CREATE WORKLOAD all SETTINGS max_memory = '64Mi';
+         CREATE WORKLOAD prod IN all SETTINGS precedence = -1;
+         CREATE WORKLOAD dev IN all SETTINGS precedence = 1",
+        false,
+    )
+    .await;
+    // An aggregate that needs some 30 MiB and cannot spill.
+    let grows = "SELECT cardinality(array_agg(g)) FROM generate_series(1, 4000000) AS t(g)";
+
+    // dev holds 50 Mi; prod's sort grows past the limit: dev is the victim (higher precedence
+    // value), killed with RESOURCE_LIMIT_EXCEEDED, and prod's statement completes.
+    let dev = spawn_query(
+        &server,
+        "SELECT sluice_barrier('dev') SETTINGS workload = 'dev', reserve_memory = '50Mi'",
+    )
+    .await;
+    until(&admin, ALLOCATED, &(50u64 << 20).to_string()).await;
+    let prod = server.client().await;
+    let counted = column(
+        &prod,
+        &format!("{grows} SETTINGS workload = 'prod', max_threads = 1"),
+    )
+    .await;
+    assert_eq!(counted, ["4000000"]);
+    let e = tokio::time::timeout(Duration::from_secs(10), dev)
+        .await
+        .expect("the victim is stopped")
+        .expect("task")
+        .expect_err("evicted");
+    assert_refused(&e, "53200", "limit is hit for resource 'mem'");
+    assert!(
+        message(&e).contains("RESOURCE_LIMIT_EXCEEDED"),
+        "{}",
+        message(&e)
+    );
+    let victims = column(
+        &admin,
+        "SELECT victims FROM system.scheduler WHERE resource = 'mem' AND path LIKE '%/dev/queue'",
+    )
+    .await;
+    assert_eq!(victims, ["1"]);
+
+    // Now prod holds 50 Mi and dev's sort grows past the limit: lower precedence never evicts
+    // higher. The aggregate fails; prod is untouched.
+    let holder = spawn_query(
+        &server,
+        "SELECT sluice_barrier('prod') SETTINGS workload = 'prod', reserve_memory = '50Mi'",
+    )
+    .await;
+    until(&admin, ALLOCATED, &(50u64 << 20).to_string()).await;
+    let dev = server.client().await;
+    let _ = dev
+        .simple_query(&format!(
+            "{grows} SETTINGS workload = 'dev', max_threads = 1"
+        ))
+        .await;
+    until_running(&admin, 1).await;
+    server.barriers.open("prod");
+    holder.await.expect("task").expect("prod was not evicted");
+    until(&admin, ALLOCATED, "0").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn max_memory_usage_caps_one_statement() {
+    let (_dir, server, _admin) = started_with("SELECT 1", false).await;
+    let client = server.client().await;
+    let e = client
+        .simple_query(
+            "SELECT cardinality(array_agg(g)) FROM generate_series(1, 3000000) AS t(g) \
+             SETTINGS max_memory_usage = '8Mi'",
+        )
+        .await
+        .expect_err("capped");
+    assert_refused(&e, "53200", "max_memory_usage");
+    assert!(
+        message(&e).contains("MEMORY_LIMIT_EXCEEDED"),
+        "{}",
+        message(&e)
+    );
+    // The session goes on.
+    assert_eq!(column(&client, "SELECT 'still here'").await, ["still here"]);
+    server.stop().await;
+}
