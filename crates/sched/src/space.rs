@@ -184,6 +184,11 @@ impl MemoryScheduler {
         self.current().lock().leaves.contains_key(workload)
     }
 
+    /// Whether `workload` is in this tree but has children (allocations cannot live there).
+    pub fn is_inner_workload(&self, workload: &str) -> bool {
+        matches!(self.current().lock().leaves.get(workload), Some(None))
+    }
+
     /// Asks for an allocation of `reserve` bytes in leaf `workload`. Errors at once: the
     /// workload has children (INVALID_SCHEDULER_NODE), the reservation exceeds a limit on its
     /// path (RESOURCE_LIMIT_EXCEEDED), or the queue holds `max_waiting_queries` pending ones
@@ -767,6 +772,59 @@ impl Allocation {
             return 0;
         };
         with_alloc(shared, self.id, |_, state| state.allocs[&self.id].size).unwrap_or(0)
+    }
+
+    /// Moves the allocation, running, to leaf `workload` with everything it holds: its bytes
+    /// leave its old path and count on the new one, even past the limits there (new
+    /// admissions wait until it is back under), as a moved query slot does. A workload the tree
+    /// does not know leaves it counted nowhere. Fails, changing nothing, for a workload with
+    /// children.
+    pub fn move_to(&self, workload: &str) -> Result<()> {
+        let Some(shared) = self.shared.clone() else {
+            return Ok(());
+        };
+        let id = self.id;
+        let moved = with_alloc(shared, id, |shared, state| {
+            let to = match state.leaves.get(workload) {
+                None => None,
+                Some(None) => {
+                    return Err(Error::new(
+                        ErrorCode::InvalidSchedulerNode,
+                        format!("Unable to link to workload '{workload}' that has children"),
+                    ))
+                }
+                Some(Some(leaf)) => Some(*leaf),
+            };
+            let (from, size) = {
+                let a = &state.allocs[&id];
+                (a.leaf, a.size)
+            };
+            if let Some(to) = to {
+                for n in path(state, to) {
+                    state.nodes[n].allocated += size;
+                    state.nodes[n].running += 1;
+                }
+            }
+            if let Some(from) = from {
+                for n in path(state, from) {
+                    state.nodes[n].allocated -= size;
+                    state.nodes[n].running = state.nodes[n].running.saturating_sub(1);
+                }
+            }
+            if let Some(a) = state.allocs.get_mut(&id) {
+                a.leaf = to;
+                a.workload = workload.to_string();
+            }
+            Ok(admit_pending(state, &shared.resource))
+        });
+        match moved {
+            Some(Ok(kills)) => {
+                deliver(kills);
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn change(&self, bytes: i64, checked: bool) -> Result<()> {

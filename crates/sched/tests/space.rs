@@ -244,3 +244,30 @@ fn a_catalog_change_keeps_running_and_pending_allocations() {
     drop(hold);
     assert_eq!(allocated(&last, "/all"), 0);
 }
+
+#[test]
+fn a_running_allocation_moves_with_its_bytes() {
+    let s = MemoryScheduler::new(&tree(
+        "CREATE WORKLOAD all SETTINGS max_memory = 100;
+         CREATE WORKLOAD fast IN all SETTINGS max_memory = 50;
+         CREATE WORKLOAD slow IN all SETTINGS max_memory = 30",
+    ));
+    let kills = Kills::default();
+    let a = admitted(s.allocate("fast", 40, kills.switch("a")).expect("a")).expect("fits");
+    let waiting = s.allocate("slow", 20, kills.switch("w")).expect("queued");
+    let waiting = admitted(waiting).expect("fits");
+    // a moves to slow: slow now holds 60 of its 30 (past its limit, as a moved slot may be),
+    // fast 0; the root never saw the bytes leave.
+    a.move_to("slow").expect("moves");
+    assert_eq!(allocated(&s, "/all"), 60);
+    assert_eq!(allocated(&s, "/all/limit/p0_fair/fast"), 0);
+    assert_eq!(allocated(&s, "/all/limit/p0_fair/slow"), 60);
+    // New admissions in slow wait until it is back under.
+    let next =
+        admitted(s.allocate("slow", 5, kills.switch("n")).expect("queued")).expect_err("waits");
+    assert!(a.move_to("all").is_err(), "not to a workload with children");
+    drop(a);
+    let next = admitted(next).expect("slow is back under: 20 + 5 of 30");
+    drop((waiting, next));
+    assert_eq!(allocated(&s, "/all"), 0);
+}

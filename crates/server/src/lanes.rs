@@ -520,6 +520,7 @@ mod demotion_tests {
         let grant = Arc::new(Mutex::new(Grant {
             workload: workload.into(),
             attachments,
+            memory: None,
             demoted: None,
         }));
         guard.running(grant.clone());

@@ -35,6 +35,7 @@ pub mod disks;
 pub mod encode;
 pub mod error;
 pub mod lanes;
+pub mod memory;
 pub mod metrics;
 pub mod operator;
 pub mod params;

@@ -1038,7 +1038,7 @@ impl Connection {
         settings: &QuerySettings,
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
         notices: &mut dyn Notices,
-    ) -> Result<Option<Arc<StatementMemory>>> {
+    ) -> Result<Option<Arc<crate::memory::StatementMemory>>> {
         let reserve = i64::try_from(settings.reserve_memory).unwrap_or(i64::MAX);
         let cap = (settings.max_memory_usage > 0)
             .then(|| i64::try_from(settings.max_memory_usage).unwrap_or(i64::MAX));
@@ -1082,12 +1082,9 @@ impl Connection {
         if allocation.is_none() && cap.is_none() {
             return Ok(None);
         }
-        Ok(Some(Arc::new(StatementMemory {
-            allocation,
-            reserved: reserve,
-            used: Mutex::new(0),
-            cap,
-        })))
+        Ok(Some(Arc::new(crate::memory::StatementMemory::new(
+            allocation, reserve, cap,
+        ))))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1180,9 +1177,13 @@ impl Connection {
             _ => settings.max_threads,
         };
         let workload = workload.as_str();
+        // The statement's memory is held by its grant, not by the engine (which lets go of its
+        // runtime once the plan is started), so the allocation lasts as long as the statement
+        // and moves with it.
         let grant = Arc::new(Mutex::new(Grant {
             workload: workload.to_string(),
             attachments,
+            memory: memory.clone(),
             demoted: None,
         }));
         guard.running(grant.clone());
@@ -1205,14 +1206,7 @@ impl Connection {
         let control = guard.control.clone();
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
-        // The statement's memory is held here, not by the engine (which lets go of its
-        // runtime once the plan is started), so the allocation lasts as long as the statement.
-        let hold: Held = vec![
-            Box::new(guard),
-            Box::new(grant.clone()),
-            Box::new(demoter),
-            Box::new(memory.clone()),
-        ];
+        let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
         let options = ExecuteOptions {
             target_partitions: threads,
@@ -1442,59 +1436,6 @@ async fn until(deadline: Option<(tokio::time::Instant, Duration)>) {
 }
 
 /// A statement that waited `workload_admission_timeout_ms` for a query slot.
-/// What one statement holds in memory, as its workload counts it: the engine's bytes, its
-/// allocation (at least its reservation: growth first uses what was reserved), its cap.
-#[derive(Debug)]
-pub(crate) struct StatementMemory {
-    allocation: Option<sluice_sched::Allocation>,
-    reserved: i64,
-    used: Mutex<i64>,
-    cap: Option<i64>,
-}
-
-impl sluice_engine::MemoryCharge for StatementMemory {
-    fn try_grow(&self, bytes: usize) -> std::result::Result<(), String> {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        let want = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
-        if let Some(cap) = self.cap.filter(|&cap| want > cap) {
-            return Err(format!(
-                "Memory limit (for query) exceeded: would use {want} bytes, max_memory_usage is {cap}"
-            ));
-        }
-        if let Some(allocation) = &self.allocation {
-            let size = allocation.size();
-            if want > size {
-                allocation.try_grow(want - size).map_err(|e| e.message)?;
-            }
-        }
-        *used = want;
-        Ok(())
-    }
-
-    fn grow(&self, bytes: usize) {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
-        if let Some(allocation) = &self.allocation {
-            let size = allocation.size();
-            if *used > size {
-                allocation.grow(*used - size);
-            }
-        }
-    }
-
-    fn shrink(&self, bytes: usize) {
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used = (*used - i64::try_from(bytes).unwrap_or(i64::MAX)).max(0);
-        if let Some(allocation) = &self.allocation {
-            let keep = (*used).max(self.reserved);
-            let size = allocation.size();
-            if size > keep {
-                allocation.shrink(size - keep);
-            }
-        }
-    }
-}
-
 fn memory_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
     Error::new(
         ErrorCode::MemoryReservationAcquisitionTimeout,

@@ -195,6 +195,8 @@ impl Snapshot {
 pub struct Grant {
     pub workload: String,
     pub attachments: Vec<Attachment>,
+    /// Its memory in the MEMORY RESERVATION resource, when it has any.
+    pub memory: Option<Arc<crate::memory::StatementMemory>>,
     /// The workload it was demoted from, and when (the last demotion, when there were several).
     pub demoted: Option<(String, std::time::SystemTime)>,
 }
@@ -559,6 +561,19 @@ impl Shared {
                     ));
                 }
             }
+        }
+        if snapshot
+            .memory
+            .values()
+            .any(|m| m.is_inner_workload(workload))
+        {
+            return Err(Error::new(
+                ErrorCode::InvalidSchedulerNode,
+                format!("Unable to link to workload '{workload}' that has children"),
+            ));
+        }
+        if let Some(memory) = &grant.memory {
+            memory.move_to(workload)?;
         }
         for attachment in &mut grant.attachments {
             if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {

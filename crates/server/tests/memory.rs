@@ -175,3 +175,55 @@ async fn max_memory_usage_caps_one_statement() {
     assert_eq!(column(&client, "SELECT 'still here'").await, ["still here"]);
     server.stop().await;
 }
+
+/// `MOVE QUERY` takes a running statement's allocation along with its slots: the bytes leave
+/// the old workload and count in the new one, whose new admissions wait until it is back under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_statement_takes_its_memory_along() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE mem (MEMORY RESERVATION);
+         CREATE WORKLOAD all SETTINGS max_memory = '100Mi';
+         CREATE WORKLOAD fast IN all;
+         CREATE WORKLOAD slow IN all SETTINGS max_memory = '60Mi'",
+        false,
+    )
+    .await;
+    let in_workload = |w: &str| {
+        format!(
+            "SELECT allocated FROM system.scheduler WHERE resource = 'mem' \
+             AND type = 'workload' AND path LIKE '%/{w}'"
+        )
+    };
+    let holder = spawn_query(
+        &server,
+        "SELECT sluice_barrier('m') SETTINGS workload = 'fast', reserve_memory = '50Mi'",
+    )
+    .await;
+    until(&admin, &in_workload("fast"), &(50u64 << 20).to_string()).await;
+    column(
+        &admin,
+        "MOVE QUERY WHERE query LIKE '%sluice_barrier(''m'')%' TO WORKLOAD slow",
+    )
+    .await;
+    assert_eq!(column(&admin, &in_workload("fast")).await, ["0"]);
+    assert_eq!(
+        column(&admin, &in_workload("slow")).await,
+        [(50u64 << 20).to_string()]
+    );
+    // 50 + 20 Mi is past slow's 60: a new reservation there waits for the moved one.
+    let waiter = spawn_query(
+        &server,
+        "SELECT 'ran' SETTINGS workload = 'slow', reserve_memory = '20Mi'",
+    )
+    .await;
+    until_waiting(&admin, 1).await;
+    server.barriers.open("m");
+    holder.await.expect("task").expect("holder");
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("admitted once the moved one ended")
+        .expect("task")
+        .expect("runs");
+    until(&admin, ALLOCATED, "0").await;
+    server.stop().await;
+}
