@@ -197,7 +197,10 @@ struct State {
 /// Where a replaced scheduler forwards to.
 #[derive(Debug)]
 struct Successor {
-    shared: Weak<Shared>,
+    /// Strong: a permit of this scheduler must reach every later version to give back what
+    /// they took over, even once no snapshot holds the versions between (new versions never
+    /// point back, so there is no cycle; the chain lives as long as the oldest permit).
+    shared: Arc<Shared>,
     /// Constraint nodes whose in-flight counts the successor took over: ours → theirs.
     constraints: HashMap<usize, usize>,
     /// Requests that moved to the successor's queues: our id → theirs.
@@ -267,11 +270,7 @@ impl ResourceScheduler {
     fn current(&self) -> ResourceScheduler {
         let mut at = self.shared.clone();
         loop {
-            let next = at
-                .lock()
-                .successor
-                .as_ref()
-                .and_then(|s| s.shared.upgrade());
+            let next = at.lock().successor.as_ref().map(|s| s.shared.clone());
             match next {
                 Some(next) => at = next,
                 None => return ResourceScheduler { shared: at },
@@ -378,7 +377,7 @@ impl ResourceScheduler {
             }
         }
         old.successor = Some(Successor {
-            shared: Arc::downgrade(&next.shared),
+            shared: next.shared.clone(),
             constraints,
             moved,
         });
@@ -664,7 +663,7 @@ impl Shared {
                     .filter_map(|c| next.constraints.get(c).copied())
                     .collect();
                 if !constraints.is_empty() {
-                    at = next.shared.upgrade();
+                    at = Some(next.shared.clone());
                 }
             }
         }
@@ -694,7 +693,6 @@ fn refill(kind: &mut RtKind, now: Instant) {
     }
 }
 
-/// Adds or removes one pending request on the path from `leaf` to the root.
 /// Queues a request of `cost` at the back of leaf queue `leaf`, or refuses it when the queue
 /// is full (SERVER_OVERLOADED, counted as rejected). Its id is its arrival order.
 fn enqueue(state: &mut State, leaf: usize, cost: i64) -> Result<(u64, oneshot::Receiver<Grant>)> {
@@ -729,6 +727,7 @@ fn enqueue(state: &mut State, leaf: usize, cost: i64) -> Result<(u64, oneshot::R
     Ok((id, rx))
 }
 
+/// Adds or removes one pending request on the path from `leaf` to the root.
 fn count_pending(state: &mut State, leaf: usize, added: bool) {
     let mut at = Some(leaf);
     while let Some(n) = at {
@@ -1073,7 +1072,7 @@ fn with_waiting<R>(
         }
         let next = state.successor.as_ref().and_then(|s| {
             let moved_to = *s.moved.get(&id)?;
-            Some((s.shared.upgrade()?, moved_to))
+            Some((s.shared.clone(), moved_to))
         });
         drop(state);
         let (successor, moved_to) = next?;

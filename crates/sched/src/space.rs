@@ -33,7 +33,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use sluice_sql::{Error, ErrorCode, Result};
@@ -118,7 +118,9 @@ struct State {
     leaves: HashMap<String, Option<usize>>,
     allocs: HashMap<u64, Alloc>,
     next_id: u64,
-    successor: Option<Weak<Shared>>,
+    /// Strong, as in the time-shared runtime: an allocation of this version must reach the
+    /// version holding it now, even once no snapshot holds the versions between.
+    successor: Option<Arc<Shared>>,
 }
 
 struct Shared {
@@ -171,7 +173,7 @@ impl MemoryScheduler {
     fn current(&self) -> Arc<Shared> {
         let mut at = self.shared.clone();
         loop {
-            let next = at.lock().successor.as_ref().and_then(Weak::upgrade);
+            let next = at.lock().successor.clone();
             match next {
                 Some(next) => at = next,
                 None => return at,
@@ -351,7 +353,7 @@ impl MemoryScheduler {
                 pending.clear();
             }
         });
-        old.successor = Some(Arc::downgrade(&next.shared));
+        old.successor = Some(next.shared.clone());
         let kills = admit_pending(&mut new, &next.shared.resource);
         drop(new);
         drop(old);
@@ -651,7 +653,7 @@ fn with_alloc<R>(
         if state.allocs.contains_key(&id) {
             return Some(f(&shared, &mut state));
         }
-        let next = state.successor.as_ref().and_then(Weak::upgrade);
+        let next = state.successor.clone();
         drop(state);
         shared = next?;
     }
