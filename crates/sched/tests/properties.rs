@@ -1,0 +1,244 @@
+//! Properties of both runtimes over random trees, arrivals, cancellations, moves and catalog
+//! changes: no limit is passed by a grant or an admission, nothing leaks, and every request
+//! still waiting is granted once everything before it is gone.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use proptest::prelude::*;
+use sluice_catalog::Catalog;
+use sluice_sched::{
+    compile, Acquire, Allocation, Machine, MemoryScheduler, PendingAllocation, Permit,
+    ResourceScheduler, TokioClock,
+};
+use sluice_sql::parse_script;
+
+const MACHINE: Machine = Machine {
+    cores: 4,
+    memory: 1 << 34,
+};
+const LEAVES: [&str; 3] = ["a", "b", "c"];
+
+/// A two-level tree over leaves a, b (under team) and c, with the given limits (0: none).
+fn ddl(root: u8, team: u8, leaf_a: u8, weight_c: u8, prio_c: i8) -> String {
+    let limit = |n: u8| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!(
+                " SETTINGS max_concurrent_queries = {n}, max_memory = {}",
+                u32::from(n) * 10
+            )
+        }
+    };
+    format!(
+        "CREATE OR REPLACE WORKLOAD all{};
+         CREATE OR REPLACE WORKLOAD team IN all{};
+         CREATE OR REPLACE WORKLOAD a IN team{};
+         CREATE OR REPLACE WORKLOAD b IN team;
+         CREATE OR REPLACE WORKLOAD c IN all SETTINGS weight = {}, priority = {prio_c}, precedence = {prio_c}",
+        limit(root),
+        limit(team),
+        limit(leaf_a),
+        weight_c.max(1),
+    )
+}
+
+fn trees(catalog: &mut Catalog, ddl: &str) -> sluice_sched::SchedulerTrees {
+    for item in parse_script(ddl) {
+        catalog
+            .apply_mut(&item.result.expect("parses"))
+            .expect("applies");
+    }
+    compile(catalog, MACHINE).expect("compiles")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire(usize),
+    Release(usize),
+    Cancel(usize),
+    Move(usize, usize),
+    Reconfigure(u8, u8, u8, u8, i8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize).prop_map(Op::Acquire),
+        3 => any::<usize>().prop_map(Op::Release),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => (any::<usize>(), 0..3usize).prop_map(|(i, w)| Op::Move(i, w)),
+        1 => (0..4u8, 0..3u8, 0..3u8, 1..4u8, -1..2i8)
+            .prop_map(|(r, t, a, w, p)| Op::Reconfigure(r, t, a, w, p)),
+    ]
+}
+
+fn poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(f).poll(&mut cx) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// `inflight_requests` of every inflight_limit, by path, with its limit.
+fn inflight(
+    s: &ResourceScheduler,
+    trees: &sluice_sched::SchedulerTrees,
+) -> Vec<(String, i64, i64)> {
+    let limits: std::collections::HashMap<String, i64> = trees
+        .rows()
+        .into_iter()
+        .filter_map(|r| Some((r.path.clone(), r.max_requests()?)))
+        .collect();
+    s.nodes()
+        .into_iter()
+        .filter_map(|n| Some((n.path.clone(), n.inflight_requests?, *limits.get(&n.path)?)))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Query slots: a grant never takes an inflight_limit past its max (moves and lowered
+    /// limits may leave it over; then nothing more is granted there until it is back under);
+    /// at the end, with every permit and wait dropped, nothing is held or queued; and every
+    /// request still waiting when the held ones are released is granted.
+    #[test]
+    fn time_shared_runtime_keeps_limits_and_leaks_nothing(ops in proptest::collection::vec(op(), 1..60)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("rt");
+        let _guard = rt.enter();
+        let mut catalog = Catalog::new();
+        let mut current = trees(&mut catalog, &format!("CREATE RESOURCE q (QUERY); {}", ddl(2, 1, 1, 1, 0)));
+        let mut s = ResourceScheduler::new(current.tree("q").expect("q"), Arc::new(TokioClock));
+        let mut granted: Vec<Permit> = Vec::new();
+        let mut waiting: Vec<Acquire> = Vec::new();
+        for op in ops {
+            let before = inflight(&s, &current);
+            let mut moved = false;
+            match op {
+                Op::Acquire(w) => match s.acquire(LEAVES[w], 1) {
+                    Ok(acquire) => waiting.push(acquire),
+                    Err(e) => prop_assert!(false, "acquire failed: {e}"),
+                },
+                Op::Release(i) if !granted.is_empty() => { granted.remove(i % granted.len()); }
+                Op::Cancel(i) if !waiting.is_empty() => { waiting.remove(i % waiting.len()); }
+                Op::Move(i, w) if !granted.is_empty() => {
+                    let n = granted.len();
+                    granted[i % n].move_to(&s, LEAVES[w]).expect("moves to a leaf");
+                    moved = true;
+                }
+                Op::Reconfigure(r, t, a, w, p) => {
+                    current = trees(&mut catalog, &ddl(r, t, a, w, p));
+                    s = s.succeed(current.tree("q").expect("q"));
+                    moved = true; // running requests keep counting under lowered limits
+                }
+                _ => {}
+            }
+            // Collect what was granted meanwhile.
+            let mut still = Vec::new();
+            for mut acquire in waiting.drain(..) {
+                match poll(&mut acquire) {
+                    Some(Ok(permit)) => granted.push(permit),
+                    Some(Err(e)) => prop_assert!(false, "a wait failed: {e}"),
+                    None => still.push(acquire),
+                }
+            }
+            waiting = still;
+            if !moved {
+                for ((path, now, max), (_, then, _)) in inflight(&s, &current).iter().zip(&before) {
+                    prop_assert!(now <= max || now <= then, "{path}: {now} in flight, max {max}, was {then}");
+                }
+            }
+        }
+        // Release everything held: every waiter is granted in turn (none is lost).
+        for _ in 0..1000 {
+            if waiting.is_empty() { break; }
+            granted.clear();
+            let mut still = Vec::new();
+            for mut acquire in waiting.drain(..) {
+                match poll(&mut acquire) {
+                    Some(Ok(permit)) => granted.push(permit),
+                    Some(Err(e)) => prop_assert!(false, "a wait failed: {e}"),
+                    None => still.push(acquire),
+                }
+            }
+            prop_assert!(!granted.is_empty() || still.is_empty(), "waiters left with nothing held: {}", still.len());
+            waiting = still;
+        }
+        granted.clear();
+        for (path, n, _) in inflight(&s, &current) {
+            prop_assert_eq!(n, 0, "{} leaked", path);
+        }
+        prop_assert_eq!(s.waiting(), 0);
+    }
+
+    /// Memory: allocations admitted, grown, shrunk, moved and dropped under random catalog
+    /// changes; the root's `allocated` always equals the bytes the live allocations hold, and
+    /// with everything dropped nothing is allocated or pending.
+    #[test]
+    fn space_shared_runtime_accounts_every_byte(ops in proptest::collection::vec(op(), 1..60), sizes in proptest::collection::vec(0..25i64, 60)) {
+        let mut catalog = Catalog::new();
+        let current = trees(&mut catalog, &format!("CREATE RESOURCE mem (MEMORY RESERVATION); {}", ddl(4, 3, 2, 1, 0)));
+        let mut s = MemoryScheduler::new(current.tree("mem").expect("mem"));
+        let mut running: Vec<Allocation> = Vec::new();
+        let mut pending: Vec<PendingAllocation> = Vec::new();
+        for (step, op) in ops.into_iter().enumerate() {
+            let size = sizes[step % sizes.len()];
+            match op {
+                Op::Acquire(w) => {
+                    if let Ok(p) = s.allocate(LEAVES[w], size, Arc::new(|_| {})) {
+                        pending.push(p);
+                    }
+                }
+                Op::Release(i) if !running.is_empty() => {
+                    let n = running.len();
+                    if size % 2 == 0 {
+                        running.remove(i % n);
+                    } else {
+                        let _ = running[i % n].try_grow(size);
+                        running[i % n].shrink(size / 3);
+                    }
+                }
+                Op::Cancel(i) if !pending.is_empty() => { pending.remove(i % pending.len()); }
+                Op::Move(i, w) if !running.is_empty() => {
+                    let n = running.len();
+                    running[i % n].move_to(LEAVES[w]).expect("moves to a leaf");
+                }
+                Op::Reconfigure(r, t, a, w, p) => {
+                    let next = trees(&mut catalog, &ddl(r + 1, t + 1, a + 1, w, p));
+                    s = s.succeed(next.tree("mem").expect("mem"));
+                }
+                _ => {}
+            }
+            let mut still = Vec::new();
+            for mut p in pending.drain(..) {
+                match poll(&mut p) {
+                    Some(Ok(a)) => running.push(a),
+                    Some(Err(e)) => prop_assert!(false, "an admission failed: {e}"),
+                    None => still.push(p),
+                }
+            }
+            pending = still;
+            let held: i64 = running.iter().map(Allocation::size).sum();
+            let root = s.nodes().into_iter().find(|n| n.path == "/all").expect("root");
+            prop_assert_eq!(root.allocated, held);
+        }
+        drop(running);
+        let mut still = Vec::new();
+        for mut p in pending.drain(..) {
+            match poll(&mut p) {
+                Some(Ok(a)) => drop(a),
+                Some(Err(e)) => prop_assert!(false, "an admission failed: {e}"),
+                None => still.push(p),
+            }
+        }
+        drop(still);
+        for n in s.nodes() {
+            prop_assert_eq!(n.allocated, 0, "{} leaked", n.path);
+            prop_assert_eq!(n.pending.unwrap_or(0), 0);
+        }
+    }
+}
