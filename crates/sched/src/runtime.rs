@@ -111,7 +111,23 @@ pub struct NodeState {
     pub vruntime: Option<f64>,
     /// The fair node's own clock.
     pub system_vruntime: Option<f64>,
+    /// Whether the node could give a request now (ClickHouse's `is_active`).
+    pub is_active: bool,
+    /// Children that are active.
+    pub active_children: u64,
+    /// Dequeued cost per second, smoothed over about a second ([`THROUGHPUT_WINDOW`]).
+    pub throughput: f64,
+    /// Cost of the requests waiting in a queue.
+    pub queue_cost: Option<i64>,
+    /// A queue's balance of estimated against real cost (ClickHouse's IO budget). sluice's
+    /// requests carry their real cost, so it stays 0.
+    pub budget: Option<i64>,
+    /// Whether a constraint (`inflight_limit`, `bandwidth_limit`) lets requests through now.
+    pub is_satisfied: Option<bool>,
 }
+
+/// The time constant of `throughput`'s exponential smoothing.
+pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 enum RtKind {
@@ -161,6 +177,9 @@ struct RtNode {
     owner: Option<String>,
     kind: RtKind,
     stats: NodeStats,
+    /// Smoothed dequeued cost per second, as of `rate_at`.
+    rate: f64,
+    rate_at: Instant,
 }
 
 /// What a grant holds: the `inflight_limit` nodes it counts against, and its cost.
@@ -455,11 +474,28 @@ impl ResourceScheduler {
 
     /// The live state of every node, ordered by path.
     pub fn nodes(&self) -> Vec<NodeState> {
-        let state = self.shared.lock();
-        let mut out: Vec<NodeState> = state
-            .nodes
-            .iter()
-            .map(|n| NodeState {
+        let now = self.shared.clock.now();
+        let mut state = self.shared.lock();
+        let mut out = Vec::with_capacity(state.nodes.len());
+        for i in 0..state.nodes.len() {
+            let active = is_active(&mut state, i, now);
+            let children = state.nodes[i].children.clone();
+            let active_children = children
+                .into_iter()
+                .filter(|&c| is_active(&mut state, c, now))
+                .count() as u64;
+            let n = &state.nodes[i];
+            let queue_cost = match &n.kind {
+                RtKind::Queue { queue, .. } => Some(
+                    queue
+                        .iter()
+                        .filter_map(|id| state.waiting.get(id))
+                        .map(|w| w.cost)
+                        .sum(),
+                ),
+                _ => None,
+            };
+            out.push(NodeState {
                 path: n.path.clone(),
                 type_name: n.type_name,
                 stats: n.stats.clone(),
@@ -486,8 +522,23 @@ impl ResourceScheduler {
                     } => Some(system_vruntime),
                     _ => None,
                 },
-            })
-            .collect();
+                is_active: active,
+                active_children,
+                throughput: decayed(n.rate, n.rate_at, now),
+                budget: queue_cost.map(|_| 0),
+                queue_cost,
+                is_satisfied: match n.kind {
+                    RtKind::Inflight {
+                        max_requests,
+                        max_cost,
+                        requests,
+                        cost,
+                    } => Some(requests < max_requests && cost < max_cost),
+                    RtKind::Bandwidth { tokens, .. } => Some(tokens >= 0.0),
+                    _ => None,
+                },
+            });
+        }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
@@ -555,6 +606,8 @@ fn add_node(
         owner: workload.map(str::to_string),
         kind,
         stats: NodeStats::default(),
+        rate: 0.0,
+        rate_at: now,
     });
     let is_fair = matches!(node.kind, NodeKind::Fair | NodeKind::FairAllocation);
     let own = if node.kind == NodeKind::Workload {
@@ -829,6 +882,9 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
     let node = &mut state.nodes[n];
     node.stats.dequeued_requests += 1;
     node.stats.dequeued_cost += cost;
+    node.rate =
+        decayed(node.rate, node.rate_at, now) + cost as f64 / THROUGHPUT_WINDOW.as_secs_f64();
+    node.rate_at = now;
     match &mut node.kind {
         RtKind::Inflight { .. } => constraints.push(n),
         RtKind::Bandwidth {
@@ -883,6 +939,12 @@ fn pick_by_priority(state: &mut State, children: &[usize], now: Instant) -> Opti
         state.nodes[chosen].credit -= ONE_DEQUEUE;
     }
     Some(chosen)
+}
+
+/// A smoothed rate `rate` as of `at`, decayed to `now`.
+fn decayed(rate: f64, at: Instant, now: Instant) -> f64 {
+    let elapsed = now.saturating_duration_since(at).as_secs_f64();
+    rate * (-elapsed / THROUGHPUT_WINDOW.as_secs_f64()).exp()
 }
 
 /// The earliest moment a throttler that holds back waiting requests has tokens again.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sluice_catalog::resource_disks;
 use sluice_engine::datafusion::arrow::array::{
     ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, ListBuilder, StringArray,
-    StringBuilder, TimestampMicrosecondArray, UInt64Array,
+    StringBuilder, TimestampMicrosecondArray, UInt64Array, UInt8Array,
 };
 use sluice_engine::datafusion::arrow::datatypes::{Field, Schema};
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
@@ -162,6 +162,11 @@ pub fn refresh(shared: &Shared) -> Result<()> {
     let u64s = |f: &dyn Fn(&NodeState) -> Option<u64>| -> ArrayRef {
         Arc::new(UInt64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
+    let u8s = |f: &dyn Fn(&NodeState) -> Option<bool>| -> ArrayRef {
+        Arc::new(UInt8Array::from_iter(
+            live.iter().map(|n| n.and_then(f).map(u8::from)),
+        ))
+    };
     let i64s = |f: &dyn Fn(&NodeState) -> Option<i64>| -> ArrayRef {
         Arc::new(Int64Array::from_iter(live.iter().map(|n| n.and_then(f))))
     };
@@ -201,6 +206,8 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                     rows.iter().map(|r| r.node.precedence),
                 )),
             ),
+            ("is_active", u8s(&|n| Some(n.is_active))),
+            ("active_children", u64s(&|n| Some(n.active_children))),
             (
                 "dequeued_requests",
                 u64s(&|n| Some(n.stats.dequeued_requests)),
@@ -217,6 +224,7 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             ("canceled_cost", i64s(&|n| Some(n.stats.canceled_cost))),
             ("rejected_cost", i64s(&|n| Some(n.stats.rejected_cost))),
             ("busy_periods", u64s(&|n| Some(n.stats.busy_periods))),
+            ("throughput", f64s(&|n| Some(n.throughput))),
             ("vruntime", f64s(&|n| n.vruntime)),
             ("system_vruntime", f64s(&|n| n.system_vruntime)),
             (
@@ -225,6 +233,9 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                     |(n, m)| n.and_then(|n| n.queue_length).or(m.and_then(|m| m.pending)),
                 ))) as ArrayRef,
             ),
+            ("queue_cost", i64s(&|n| n.queue_cost)),
+            ("budget", i64s(&|n| n.budget)),
+            ("is_satisfied", u8s(&|n| n.is_satisfied)),
             ("inflight_requests", i64s(&|n| n.inflight_requests)),
             ("inflight_cost", i64s(&|n| n.inflight_cost)),
             (
@@ -255,6 +266,10 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 )),
             ),
             ("allocations", space_u64s(&|n| Some(n.allocations))),
+            (
+                "updates",
+                space_u64s(&|n| Some(n.stats.increases + n.stats.decreases)),
+            ),
             ("increases", space_u64s(&|n| Some(n.stats.increases))),
             ("decreases", space_u64s(&|n| Some(n.stats.decreases))),
             ("admits", space_u64s(&|n| Some(n.stats.admits))),

@@ -96,6 +96,25 @@ async fn cpu_slots_cap_threads_and_set_each_statements_parallelism() {
         ["cpu"]
     );
     assert_eq!(column(&admin, HELD).await, ["3"], "the cap holds");
+    // ClickHouse's live columns: the full semaphore is unsatisfied and so inactive while C
+    // waits below it (its child, with C pending, is active); C's queue holds one request of
+    // cost 1 (budget: exact costs, 0); the root has dequeued recently.
+    let live = |sql: &'static str| column(&admin, sql);
+    assert_eq!(
+        live("SELECT is_satisfied || ' ' || is_active || ' ' || active_children FROM system.scheduler WHERE resource = 'cpu' AND path = '/all/semaphore'").await,
+        ["0 0 1"]
+    );
+    assert_eq!(
+        live("SELECT queue_cost || ' ' || budget || ' ' || is_active FROM system.scheduler WHERE resource = 'cpu' AND path LIKE '%/w/fifo'").await,
+        ["1 0 1"]
+    );
+    assert_eq!(
+        live(
+            "SELECT throughput > 0 FROM system.scheduler WHERE resource = 'cpu' AND path = '/all'"
+        )
+        .await,
+        ["t"]
+    );
 
     // use_concurrency_control = 0 bypasses the slots: no wait, its own max_threads.
     let bypass = tokio::time::timeout(
