@@ -5,12 +5,13 @@
 //!   cancel requests go through pgwire's connection manager.
 //! - [`wire`]: the message loop over a socket that sends each response in one write.
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
-//!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY
-//!   schedulers, rows streamed from the engine.
+//!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY, memory
+//!   and CPU schedulers, rows streamed from the engine.
 //! - [`watch`]: noticing a client that went away while its statement waits or runs.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight.
 //! - [`disks`]: which disk a file is on, and the gate a statement's file IO waits at.
+//!   [`memory`]: a statement's memory as its workload counts it.
 //! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
 //!   [`error`]: the one mapping of errors to SQLSTATE and message.
 //!

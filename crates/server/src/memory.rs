@@ -72,6 +72,11 @@ impl StatementMemory {
         }
     }
 
+    /// The bytes the statement holds in the engine now.
+    pub fn used(&self) -> i64 {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Moves the statement's allocation to leaf `workload` with its bytes.
     pub fn move_to(&self, workload: &str) -> sluice_sql::Result<()> {
         match &self.allocation {

@@ -293,6 +293,30 @@ pub fn refresh(shared: &Shared) -> Result<()> {
                 .and_then(|g| g.lock().unwrap_or_else(|p| p.into_inner()).demoted.clone())
         })
         .collect();
+    // What each running statement holds: its CPU slots and the bytes its memory counts.
+    let cpu_resources = [&snapshot.cpu.master, &snapshot.cpu.worker];
+    let holdings: Vec<(Option<u64>, Option<i64>)> = processes
+        .iter()
+        .map(|p| match &p.grant {
+            None => (None, None),
+            Some(g) => {
+                let g = g.lock().unwrap_or_else(|p| p.into_inner());
+                let threads = g
+                    .attachments
+                    .iter()
+                    .filter(|a| {
+                        cpu_resources
+                            .iter()
+                            .any(|r| r.as_deref() == Some(a.resource.as_str()))
+                    })
+                    .count() as u64;
+                (
+                    Some(threads),
+                    Some(g.memory.as_ref().map_or(0, |m| m.used())),
+                )
+            }
+        })
+        .collect();
     set(
         "processes",
         batch(vec![
@@ -337,6 +361,14 @@ pub fn refresh(shared: &Shared) -> Result<()> {
             (
                 "pid",
                 Arc::new(Int32Array::from_iter(processes.iter().map(|p| p.pid))),
+            ),
+            (
+                "threads",
+                Arc::new(UInt64Array::from_iter(holdings.iter().map(|h| h.0))),
+            ),
+            (
+                "memory_usage",
+                Arc::new(Int64Array::from_iter(holdings.iter().map(|h| h.1))),
             ),
             (
                 "demoted_from",

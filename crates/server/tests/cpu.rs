@@ -63,6 +63,15 @@ async fn cpu_slots_cap_threads_and_set_each_statements_parallelism() {
     )
     .await;
     until(&admin, HELD, "2").await;
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT threads FROM system.processes WHERE query LIKE '%sluice_barrier(''a'')%'"
+        )
+        .await,
+        ["2"],
+        "system.processes shows the slots it holds"
+    );
     // One slot is left: a statement asking for eight runs on one, serially.
     let serial = plan(
         &client,
