@@ -634,6 +634,11 @@ impl SessionInner {
                         }
                     }
                 };
+                // A leased statement is preempted between the batches of its leaves.
+                let physical = match options.cpu.clone() {
+                    Some(lease) => crate::cpu::leased(physical, lease).map_err(df)?,
+                    None => physical,
+                };
                 Next::Run(physical, active.task.clone())
             };
             // Planned at a statement's own parallelism: its logical plan goes to the session.

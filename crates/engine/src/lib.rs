@@ -34,6 +34,7 @@
 
 pub mod cache;
 pub mod compat;
+pub mod cpu;
 pub mod embedded;
 pub mod error;
 pub mod functions;
@@ -49,6 +50,7 @@ use datafusion::common::ScalarValue;
 use futures::Stream;
 use sluice_sql::Result;
 
+pub use cpu::CpuLease;
 pub use datafusion;
 pub use embedded::{collected, Embedded, EmbeddedSession};
 pub use functions::Barriers;
@@ -97,6 +99,9 @@ pub struct ExecuteOptions {
     /// Where its memory is counted besides the engine's pool (its workload's allocation,
     /// `max_memory_usage`); `None`: the engine's pool only.
     pub memory: Option<std::sync::Arc<dyn memory::MemoryCharge>>,
+    /// Its master thread's lease, renewed between batches each time a quantum of CPU time is
+    /// used (`cpu_slot_preemption`); `None`: the slot is held until the statement ends.
+    pub cpu: Option<std::sync::Arc<dyn cpu::CpuLease>>,
 }
 
 /// An engine: where sessions come from, and where the server publishes `system.*`.

@@ -1212,6 +1212,7 @@ impl Connection {
             target_partitions: threads,
             io: crate::disks::DiskGate::for_statement(&self.shared, &grant),
             memory: memory.map(|m| m as Arc<dyn sluice_engine::MemoryCharge>),
+            cpu: crate::lease::SlotLease::for_statement(&self.shared, &grant),
         };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings

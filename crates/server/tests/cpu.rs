@@ -237,3 +237,129 @@ async fn cpu_weights_share_slot_grants_three_to_one() {
     assert_nothing_held(&admin).await;
     server.stop().await;
 }
+
+/// A server with `cpu_slot_preemption` on (10 ms quanta) and `ddl` applied.
+async fn preemptive(ddl: &str) -> (tempfile::TempDir, TestServer, tokio_postgres::Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(sluice_server::ServerOptions {
+        cpu_slots: sluice_server::CpuSlotOptions {
+            preemption: true,
+            quantum_ns: 10_000_000,
+            preemption_timeout_ms: 1000,
+        },
+        ..sluice_server::ServerOptions::new(
+            dir.path(),
+            sluice_sched::Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+        )
+    })
+    .await;
+    let admin = server.client().await;
+    admin.batch_execute(ddl).await.expect("ddl");
+    (dir, server, admin)
+}
+
+/// CPU nanoseconds charged to each leaf's queue so far (renewals cost what the quantum used,
+/// measured on the thread CPU clock), in path order.
+async fn charged(admin: &tokio_postgres::Client) -> Vec<f64> {
+    column(
+        admin,
+        "SELECT dequeued_cost FROM system.scheduler WHERE resource = 'cpu' AND type = 'fifo' ORDER BY path",
+    )
+    .await
+    .iter()
+    .map(|v| v.parse().expect("number"))
+    .collect()
+}
+
+/// With preemption, one long statement per workload under one CPU slot: the slot changes
+/// hands every quantum, so weights 3:1 give CPU time (not statement counts) 3:1 — without it,
+/// whoever took the slot first would hold it to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_statements_share_cpu_time_by_weight() {
+    let (_dir, server, admin) = preemptive(
+        "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all SETTINGS max_concurrent_threads = 1;
+         CREATE WORKLOAD etl IN all SETTINGS weight = 3;
+         CREATE WORKLOAD adhoc IN all SETTINGS weight = 1",
+    )
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for workload in ["etl", "adhoc"] {
+        let client = server.client().await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let sql = format!(
+                "SELECT sum(g % 7) FROM generate_series(1, 10000000) AS t(g) SETTINGS workload = '{workload}'"
+            );
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                client.simple_query(&sql).await.expect("runs");
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let before = charged(&admin).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = charged(&admin).await;
+    // Paths sort adhoc before etl.
+    let (adhoc, etl) = (after[0] - before[0], after[1] - before[1]);
+    let ratio = etl / adhoc;
+    eprintln!(
+        "CPU time etl:adhoc = {:.0} ms : {:.0} ms = {ratio:.3}",
+        etl / 1e6,
+        adhoc / 1e6
+    );
+    assert!(adhoc > 50e6, "both ran: {adhoc} ns");
+    assert!((2.7..=3.3).contains(&ratio), "3:1 within 10%: {ratio}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the last statements end")
+            .expect("task");
+    }
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
+
+/// With preemption, `max_cpus` throttles the CPU time a workload consumes: a CPU-bound
+/// statement alone on a free machine gets half a core under `max_cpus = 0.5`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_cpus_throttles_cpu_time() {
+    let (_dir, server, admin) = preemptive(
+        "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all;
+         CREATE WORKLOAD capped IN all SETTINGS max_cpus = 0.5, max_burst_cpu_seconds = 0.1",
+    )
+    .await;
+    let client = server.client().await;
+    let running = tokio::spawn(async move {
+        client
+            .simple_query(
+                "SELECT sum(g % 7) FROM generate_series(1, 20000000) AS t(g) \
+                 SETTINGS workload = 'capped', max_threads = 1",
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = charged(&admin).await[0];
+    let window = Duration::from_millis(2500);
+    tokio::time::sleep(window).await;
+    let after = charged(&admin).await[0];
+    let cores = (after - before) / 1e9 / window.as_secs_f64();
+    eprintln!("CPU used under max_cpus = 0.5: {cores:.3} cores");
+    // The bucket's bound: burst (0.1 s) + 0.5 × T, plus the quantum charged late.
+    assert!(cores <= 0.5 + 0.12 / window.as_secs_f64(), "{cores} cores");
+    assert!(cores >= 0.1, "it still runs: {cores} cores");
+    let throttled = column(
+        &admin,
+        "SELECT throttling_us > 0 FROM system.scheduler WHERE resource = 'cpu' AND type = 'bandwidth_limit'",
+    )
+    .await;
+    assert_eq!(throttled, ["t"]);
+    running.abort();
+    server.stop().await;
+}
