@@ -53,6 +53,25 @@ fn benches(c: &mut Criterion) {
         b.iter(|| admit(&lanes, "slow"))
     });
 
+    // Two threads admitting into sibling leaves at once: the per-resource lock contended.
+    c.bench_function("admission/lanes/two_threads_contending", |b| {
+        b.iter_custom(|iters| {
+            let start = std::time::Instant::now();
+            std::thread::scope(|scope| {
+                for workload in ["fast", "slow"] {
+                    let lanes = &lanes;
+                    scope.spawn(move || {
+                        for _ in 0..iters {
+                            admit(lanes, workload);
+                        }
+                    });
+                }
+            });
+            // Per admission: two threads did `iters` each.
+            start.elapsed() / 2
+        })
+    });
+
     // A wider tree: 4 teams × 4 groups under a root, fair shares, a rate limit at the root.
     let mut ddl = String::from(
         "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000, max_queries_per_second = 1e9;",
