@@ -157,7 +157,8 @@ enum RtKind {
 
 #[derive(Debug)]
 struct RtNode {
-    path: String,
+    /// Shared with every `Acquire` that waits here (a clone is a count, not a copy).
+    path: Arc<str>,
     type_name: &'static str,
     parent: Option<usize>,
     children: Vec<usize>,
@@ -174,7 +175,7 @@ struct RtNode {
     credit: u64,
     has_fair_parent: bool,
     /// The workload whose subtree this node belongs to (for constraints: the one they limit).
-    owner: Option<String>,
+    owner: Option<Arc<str>>,
     kind: RtKind,
     stats: NodeStats,
     /// Smoothed dequeued cost per second, as of `rate_at`.
@@ -188,7 +189,7 @@ struct Grant {
     constraints: Vec<usize>,
     cost: i64,
     /// The leaf workload it counts in.
-    workload: String,
+    workload: Arc<str>,
     /// The scheduler whose nodes `constraints` index.
     owner: Weak<Shared>,
 }
@@ -322,7 +323,7 @@ impl ResourceScheduler {
         let now = self.shared.clock.now();
         let mut old = self.shared.lock();
         let mut new = next.shared.lock();
-        let key = |n: &RtNode| n.owner.clone().map(|o| (o, n.type_name));
+        let key = |n: &RtNode| n.owner.as_deref().map(|o| (o.to_string(), n.type_name));
         let new_by_key: HashMap<(String, &'static str), usize> = new
             .nodes
             .iter()
@@ -370,7 +371,11 @@ impl ResourceScheduler {
                 RtKind::Queue { queue, .. } => queue.drain(..).collect(),
                 _ => continue,
             };
-            let workload = old.nodes[leaf].owner.clone().unwrap_or_default();
+            let workload = old.nodes[leaf]
+                .owner
+                .as_deref()
+                .unwrap_or_default()
+                .to_string();
             let target = new.leaves.get(&workload).copied().flatten();
             for id in queued {
                 let Some(waiting) = old.waiting.remove(&id) else {
@@ -496,7 +501,7 @@ impl ResourceScheduler {
                 _ => None,
             };
             out.push(NodeState {
-                path: n.path.clone(),
+                path: n.path.to_string(),
                 type_name: n.type_name,
                 stats: n.stats.clone(),
                 queue_length: match &n.kind {
@@ -592,7 +597,7 @@ fn add_node(
     };
     let index = state.nodes.len();
     state.nodes.push(RtNode {
-        path: path.clone(),
+        path: Arc::from(path.as_str()),
         type_name: node.kind.type_name(),
         parent,
         children: Vec::new(),
@@ -603,7 +608,7 @@ fn add_node(
         outranked_share: (node.outranked_share.clamp(0.0, 1.0) * ONE_DEQUEUE as f64).round() as u64,
         credit: 0,
         has_fair_parent: fair_parent,
-        owner: workload.map(str::to_string),
+        owner: workload.map(Arc::from),
         kind,
         stats: NodeStats::default(),
         rate: 0.0,
@@ -665,7 +670,10 @@ impl Shared {
                     *cost += waiting.cost;
                 }
             }
-            let workload = state.nodes[waiting.leaf].owner.clone().unwrap_or_default();
+            let workload = state.nodes[waiting.leaf]
+                .owner
+                .clone()
+                .unwrap_or_else(|| Arc::from(""));
             let grant = Grant {
                 constraints,
                 cost: waiting.cost,
@@ -822,8 +830,43 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
 
 /// Takes the next request below active node `n`, recording every `inflight_limit` it passes.
 fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usize>) -> Option<u64> {
-    let children = state.nodes[n].children.clone();
-    let id = match &state.nodes[n].kind {
+    // Taken out while the subtree is walked (nothing below reads a parent's children) and put
+    // back, instead of cloned: no allocation per level on the admission path.
+    let children = std::mem::take(&mut state.nodes[n].children);
+    let id = dequeue_below(state, n, &children, now, constraints);
+    state.nodes[n].children = children;
+    let id = id?;
+    let cost = state.waiting.get(&id).map_or(0, |w| w.cost);
+    let node = &mut state.nodes[n];
+    node.stats.dequeued_requests += 1;
+    node.stats.dequeued_cost += cost;
+    node.rate =
+        decayed(node.rate, node.rate_at, now) + cost as f64 / THROUGHPUT_WINDOW.as_secs_f64();
+    node.rate_at = now;
+    match &mut node.kind {
+        RtKind::Inflight { .. } => constraints.push(n),
+        RtKind::Bandwidth {
+            max_speed, tokens, ..
+        } => {
+            *tokens -= cost as f64;
+            if *tokens < 0.0 && *max_speed > 0.0 {
+                node.stats.throttling += Duration::from_secs_f64(-*tokens / *max_speed);
+            }
+        }
+        _ => {}
+    }
+    Some(id)
+}
+
+/// The request node `n` gives next, from its queue or the child its policy picks.
+fn dequeue_below(
+    state: &mut State,
+    n: usize,
+    children: &[usize],
+    now: Instant,
+    constraints: &mut Vec<usize>,
+) -> Option<u64> {
+    match &state.nodes[n].kind {
         RtKind::Queue { .. } => {
             let RtKind::Queue { queue, .. } = &mut state.nodes[n].kind else {
                 unreachable!()
@@ -835,7 +878,7 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
             dequeue(state, child, now, constraints)
         }
         RtKind::Priority => {
-            let chosen = pick_by_priority(state, &children, now)?;
+            let chosen = pick_by_priority(state, children, now)?;
             dequeue(state, chosen, now, constraints)
         }
         RtKind::Fair {
@@ -877,27 +920,7 @@ fn dequeue(state: &mut State, n: usize, now: Instant, constraints: &mut Vec<usiz
             }
             Some(id)
         }
-    }?;
-    let cost = state.waiting.get(&id).map_or(0, |w| w.cost);
-    let node = &mut state.nodes[n];
-    node.stats.dequeued_requests += 1;
-    node.stats.dequeued_cost += cost;
-    node.rate =
-        decayed(node.rate, node.rate_at, now) + cost as f64 / THROUGHPUT_WINDOW.as_secs_f64();
-    node.rate_at = now;
-    match &mut node.kind {
-        RtKind::Inflight { .. } => constraints.push(n),
-        RtKind::Bandwidth {
-            max_speed, tokens, ..
-        } => {
-            *tokens -= cost as f64;
-            if *tokens < 0.0 && *max_speed > 0.0 {
-                node.stats.throttling += Duration::from_secs_f64(-*tokens / *max_speed);
-            }
-        }
-        _ => {}
     }
-    Some(id)
 }
 
 /// The child of a priority node that gives the next request: the active child of highest
@@ -982,7 +1005,7 @@ pub struct Acquire {
     shared: Option<Arc<Shared>>,
     id: u64,
     rx: Option<oneshot::Receiver<Grant>>,
-    queue_path: String,
+    queue_path: Arc<str>,
 }
 
 impl Acquire {
@@ -991,7 +1014,7 @@ impl Acquire {
             shared: None,
             id: 0,
             rx: None,
-            queue_path: String::new(),
+            queue_path: Arc::from(""),
         }
     }
 
@@ -1158,7 +1181,7 @@ impl Permit {
 
     /// The leaf workload the permit counts in (`None` when unlimited).
     pub fn workload(&self) -> Option<&str> {
-        self.grant.as_ref().map(|g| g.workload.as_str())
+        self.grant.as_ref().map(|g| &*g.workload)
     }
 
     /// The cost the permit holds.
@@ -1218,7 +1241,7 @@ impl Permit {
                     Some(Grant {
                         constraints,
                         cost,
-                        workload: workload.to_string(),
+                        workload: Arc::from(workload),
                         owner: Arc::downgrade(&shared),
                     })
                 }
