@@ -227,3 +227,37 @@ async fn a_moved_statement_takes_its_memory_along() {
     until(&admin, ALLOCATED, "0").await;
     server.stop().await;
 }
+
+/// A window over 2 M rows in an order nothing produces: a real sort of some 16 MiB.
+const SORTED: &str =
+    "SELECT count(p) FROM (SELECT lag(g) OVER (ORDER BY (g * 7919) % 1000003, g) AS p \
+                      FROM generate_series(1, 2000000) AS t(g)) s";
+
+/// A statement past its `max_memory_usage` spills where it can instead of failing: a sort
+/// larger than its cap completes. (The cap must leave room for the sort's own merge
+/// reservation, `sort_spill_reservation_bytes`, 10 MiB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sort_past_its_cap_spills_instead_of_failing() {
+    let (_dir, server, _admin) = started_with("SELECT 1", false).await;
+    let client = server.client().await;
+    // It completes under the cap, and its sort's metrics say it spilled to get there.
+    let analyzed = client
+        .simple_query(&format!(
+            "EXPLAIN ANALYZE {SORTED} SETTINGS max_memory_usage = '12Mi', max_threads = 1"
+        ))
+        .await
+        .expect("explains");
+    let text = format!("{analyzed:?}");
+    let spills: u64 = text
+        .split("spill_count=")
+        .skip(1)
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(spills > 0, "the sort spilled: {text}");
+    server.stop().await;
+}
