@@ -418,15 +418,8 @@ impl ResourceScheduler {
         let current = self.current();
         let shared = &current.shared;
         let mut state = shared.lock();
-        let leaf = match state.leaves.get(workload) {
-            None => return Ok(Acquire::unlimited()),
-            Some(None) => {
-                return Err(Error::new(
-                    ErrorCode::InvalidSchedulerNode,
-                    format!("Unable to link to workload '{workload}' that has children"),
-                ))
-            }
-            Some(Some(leaf)) => *leaf,
+        let Some(leaf) = leaf_of(&state.leaves, workload)? else {
+            return Ok(Acquire::unlimited());
         };
         let (id, rx) = enqueue(&mut state, leaf, cost)?;
         let queue_path = state.nodes[leaf].path.clone();
@@ -754,6 +747,23 @@ fn refill(kind: &mut RtKind, now: Instant) {
     }
 }
 
+/// The leaf queue of `workload` in a tree's `leaves` map: `None` for a workload the tree does
+/// not know (the caller decides: unlimited), INVALID_SCHEDULER_NODE for one with children
+/// (requests link to leaves only). Both runtimes look workloads up through it.
+pub(crate) fn leaf_of(
+    leaves: &HashMap<String, Option<usize>>,
+    workload: &str,
+) -> Result<Option<usize>> {
+    match leaves.get(workload) {
+        None => Ok(None),
+        Some(None) => Err(Error::new(
+            ErrorCode::InvalidSchedulerNode,
+            format!("Unable to link to workload '{workload}' that has children"),
+        )),
+        Some(Some(leaf)) => Ok(Some(*leaf)),
+    }
+}
+
 /// Queues a request of `cost` at the back of leaf queue `leaf`, or refuses it when the queue
 /// is full (SERVER_OVERLOADED, counted as rejected). Its id is its arrival order.
 fn enqueue(state: &mut State, leaf: usize, cost: i64) -> Result<(u64, oneshot::Receiver<Grant>)> {
@@ -1039,15 +1049,8 @@ impl Acquire {
         }
         let queue_path = &mut self.queue_path;
         let moved = with_waiting(shared.clone(), self.id, |shared, state, id| {
-            let target = match state.leaves.get(workload) {
-                None => return Ok(false),
-                Some(None) => {
-                    return Err(Error::new(
-                        ErrorCode::InvalidSchedulerNode,
-                        format!("Unable to link to workload '{workload}' that has children"),
-                    ))
-                }
-                Some(Some(leaf)) => *leaf,
+            let Some(target) = leaf_of(&state.leaves, workload)? else {
+                return Ok(false);
             };
             let from = state.waiting[&id].leaf;
             if from == target {
@@ -1217,15 +1220,9 @@ impl Permit {
         let shared = current.shared;
         let new_grant = {
             let mut state = shared.lock();
-            match state.leaves.get(workload).copied() {
+            match leaf_of(&state.leaves, workload)? {
                 None => None,
-                Some(None) => {
-                    return Err(Error::new(
-                        ErrorCode::InvalidSchedulerNode,
-                        format!("Unable to link to workload '{workload}' that has children"),
-                    ))
-                }
-                Some(Some(leaf)) => {
+                Some(leaf) => {
                     let constraints = constraints_of(&state, leaf);
                     for &c in &constraints {
                         if let RtKind::Inflight {

@@ -39,6 +39,7 @@ use std::task::{Context, Poll};
 use sluice_sql::{Error, ErrorCode, Result};
 use tokio::sync::oneshot;
 
+use crate::runtime::leaf_of;
 use crate::tree::{Node, NodeKind, ResourceTree};
 
 /// Called (outside the scheduler's lock) with the error a killed allocation's statement
@@ -203,16 +204,7 @@ impl MemoryScheduler {
     ) -> Result<PendingAllocation> {
         let shared = self.current();
         let mut state = shared.lock();
-        let leaf = match state.leaves.get(workload) {
-            None => None,
-            Some(None) => {
-                return Err(Error::new(
-                    ErrorCode::InvalidSchedulerNode,
-                    format!("Unable to link to workload '{workload}' that has children"),
-                ))
-            }
-            Some(Some(leaf)) => Some(*leaf),
-        };
+        let leaf = leaf_of(&state.leaves, workload)?;
         let reserve = reserve.max(0);
         let id = state.next_id;
         state.next_id += 1;
@@ -787,16 +779,7 @@ impl Allocation {
         };
         let id = self.id;
         let moved = with_alloc(shared, id, |shared, state| {
-            let to = match state.leaves.get(workload) {
-                None => None,
-                Some(None) => {
-                    return Err(Error::new(
-                        ErrorCode::InvalidSchedulerNode,
-                        format!("Unable to link to workload '{workload}' that has children"),
-                    ))
-                }
-                Some(Some(leaf)) => Some(*leaf),
-            };
+            let to = leaf_of(&state.leaves, workload)?;
             let (from, size) = {
                 let a = &state.allocs[&id];
                 (a.leaf, a.size)

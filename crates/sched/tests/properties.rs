@@ -83,6 +83,24 @@ fn poll<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
     }
 }
 
+/// Moves every future of `waiting` that is ready into `done`; keeps the rest waiting. Fails on
+/// the first that ended in an error (no wait may fail in these runs).
+fn settle<F, T>(waiting: &mut Vec<F>, done: &mut Vec<T>) -> Result<(), String>
+where
+    F: Future<Output = sluice_sql::Result<T>> + Unpin,
+{
+    let mut still = Vec::new();
+    for mut f in waiting.drain(..) {
+        match poll(&mut f) {
+            Some(Ok(v)) => done.push(v),
+            Some(Err(e)) => return Err(format!("a wait failed: {e}")),
+            None => still.push(f),
+        }
+    }
+    *waiting = still;
+    Ok(())
+}
+
 /// `inflight_requests` of every inflight_limit, by path, with its limit.
 fn inflight(
     s: &ResourceScheduler,
@@ -138,15 +156,7 @@ proptest! {
                 _ => {}
             }
             // Collect what was granted meanwhile.
-            let mut still = Vec::new();
-            for mut acquire in waiting.drain(..) {
-                match poll(&mut acquire) {
-                    Some(Ok(permit)) => granted.push(permit),
-                    Some(Err(e)) => prop_assert!(false, "a wait failed: {e}"),
-                    None => still.push(acquire),
-                }
-            }
-            waiting = still;
+            settle(&mut waiting, &mut granted).map_err(TestCaseError::fail)?;
             if !moved {
                 for ((path, now, max), (_, then, _)) in inflight(&s, &current).iter().zip(&before) {
                     prop_assert!(now <= max || now <= then, "{path}: {now} in flight, max {max}, was {then}");
@@ -157,16 +167,8 @@ proptest! {
         for _ in 0..1000 {
             if waiting.is_empty() { break; }
             granted.clear();
-            let mut still = Vec::new();
-            for mut acquire in waiting.drain(..) {
-                match poll(&mut acquire) {
-                    Some(Ok(permit)) => granted.push(permit),
-                    Some(Err(e)) => prop_assert!(false, "a wait failed: {e}"),
-                    None => still.push(acquire),
-                }
-            }
-            prop_assert!(!granted.is_empty() || still.is_empty(), "waiters left with nothing held: {}", still.len());
-            waiting = still;
+            settle(&mut waiting, &mut granted).map_err(TestCaseError::fail)?;
+            prop_assert!(!granted.is_empty() || waiting.is_empty(), "waiters left with nothing held: {}", waiting.len());
         }
         granted.clear();
         for (path, n, _) in inflight(&s, &current) {
@@ -213,29 +215,19 @@ proptest! {
                 }
                 _ => {}
             }
-            let mut still = Vec::new();
-            for mut p in pending.drain(..) {
-                match poll(&mut p) {
-                    Some(Ok(a)) => running.push(a),
-                    Some(Err(e)) => prop_assert!(false, "an admission failed: {e}"),
-                    None => still.push(p),
-                }
-            }
-            pending = still;
+            settle(&mut pending, &mut running).map_err(TestCaseError::fail)?;
             let held: i64 = running.iter().map(Allocation::size).sum();
             let root = s.nodes().into_iter().find(|n| n.path == "/all").expect("root");
             prop_assert_eq!(root.allocated, held);
         }
         drop(running);
-        let mut still = Vec::new();
-        for mut p in pending.drain(..) {
-            match poll(&mut p) {
-                Some(Ok(a)) => drop(a),
-                Some(Err(e)) => prop_assert!(false, "an admission failed: {e}"),
-                None => still.push(p),
-            }
+        // Admitted as the running ones left, in the tree's order: drop each as it comes.
+        for _ in 0..pending.len() {
+            let mut admitted = Vec::new();
+            settle(&mut pending, &mut admitted).map_err(TestCaseError::fail)?;
+            drop(admitted);
         }
-        drop(still);
+        drop(pending);
         for n in s.nodes() {
             prop_assert_eq!(n.allocated, 0, "{} leaked", n.path);
             prop_assert_eq!(n.pending.unwrap_or(0), 0);

@@ -112,14 +112,17 @@ async fn a_throttled_workload_reads_at_its_rate_beside_a_full_speed_one() {
     assert_nothing_held(&admin).await;
 
     // Writes are paced too: COPY … TO a file on the disk waits at the same throttler.
-    let before: u64 = column(
-        &admin,
-        "SELECT dequeued_cost FROM system.scheduler \
-         WHERE resource = 'disk_io' AND path LIKE '%/slow/throttler'",
-    )
-    .await[0]
-        .parse()
-        .expect("number");
+    let slow_bytes = || async {
+        column(
+            &admin,
+            "SELECT dequeued_cost FROM system.scheduler \
+             WHERE resource = 'disk_io' AND path LIKE '%/slow/throttler'",
+        )
+        .await[0]
+            .parse::<u64>()
+            .expect("number")
+    };
+    let before = slow_bytes().await;
     let out = disk.path().join("copy.csv");
     let client = server.client().await;
     client
@@ -129,14 +132,7 @@ async fn a_throttled_workload_reads_at_its_rate_beside_a_full_speed_one() {
         ))
         .await
         .expect("copies");
-    let after: u64 = column(
-        &admin,
-        "SELECT dequeued_cost FROM system.scheduler \
-         WHERE resource = 'disk_io' AND path LIKE '%/slow/throttler'",
-    )
-    .await[0]
-        .parse()
-        .expect("number");
+    let after = slow_bytes().await;
     let copied = std::fs::metadata(&out).expect("written").len();
     assert!(
         after - before >= size + copied,
