@@ -8,13 +8,7 @@
 set -euo pipefail
 bin="$1"
 megabytes="${2:-200}"
-work="$(mktemp -d)"
-port=6552
-cleanup() {
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
 mkdir -p "$work/disk"
 python3 - "$work/disk/events.csv" "$megabytes" <<'PY'
 import sys
@@ -34,11 +28,7 @@ with open(path, "w") as f:
             chunk = []
     f.write("".join(chunk))
 PY
-"$bin" serve --listen "127.0.0.1:$port" --data-dir "$work/data" --disk "data=$work/disk" \
-  >/dev/null 2>"$work/log" &
-pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/log" 2>/dev/null && break; sleep 0.1; done
-psql() { command psql -X -q -h 127.0.0.1 -p "$port" -U bench -d bench "$@"; }
+start_sluice "$bin" 6552 --disk "data=$work/disk"
 psql -c "CREATE RESOURCE disk_io (READ DISK data, WRITE DISK data)" \
      -c "CREATE WORKLOAD all" \
      -c "CREATE WORKLOAD reports IN all SETTINGS max_bytes_per_second = '20Mi'" \

@@ -10,17 +10,8 @@
 set -euo pipefail
 bin="$1"
 seconds="${2:-10}"
-work="$(mktemp -d)"
-port=6551
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null || true
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$bin" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >/dev/null 2>"$work/log" &
-pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/log" 2>/dev/null && break; sleep 0.1; done
+. "$(dirname "$0")/lib.sh"
+start_sluice "$bin" 6551
 echo 'SELECT 1;' > "$work/select1.sql"
 measure() {
   rm -f "$work"/lat.*
@@ -38,7 +29,7 @@ measure() {
 }
 measure "SELECT 1 alone"
 for _ in 1 2 3; do
-  psql -X -q -h 127.0.0.1 -p "$port" -U bench bench \
+  command psql -X -q -h 127.0.0.1 -p "$port" -U bench bench \
     -c "SELECT count(*) FROM generate_series(1, 100000000000) WHERE generate_series % 7 = 3" \
     >/dev/null 2>&1 &
 done

@@ -8,17 +8,8 @@ set -euo pipefail
 bin="$1"
 rows="${2:-600000000}"
 runs="${3:-3}"
-work="$(mktemp -d)"
-port=6553
-cleanup() {
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$bin" serve --listen "127.0.0.1:$port" --data-dir "$work/data" >/dev/null 2>"$work/log" &
-pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$work/log" 2>/dev/null && break; sleep 0.1; done
-psql() { command psql -X -q -h 127.0.0.1 -p "$port" -U bench -d bench "$@"; }
+. "$(dirname "$0")/lib.sh"
+start_sluice "$bin" 6553
 psql -c "CREATE RESOURCE slots (QUERY)" \
      -c "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD)" \
      -c "CREATE RESOURCE mem (MEMORY RESERVATION)" \

@@ -12,22 +12,26 @@ use sluice_catalog::Catalog;
 use sluice_sched::{compile, Machine, ResourceScheduler, TokioClock};
 use sluice_sql::parse_script;
 
-fn scheduler(ddl: &str) -> ResourceScheduler {
+/// The trees of the catalog `ddl` builds.
+fn trees(ddl: &str) -> sluice_sched::SchedulerTrees {
     let mut catalog = Catalog::new();
     for item in parse_script(ddl) {
         catalog
             .apply_mut(&item.result.expect("parses"))
             .expect("applies");
     }
-    let trees = compile(
+    compile(
         &catalog,
         Machine {
             cores: 16,
             memory: 1 << 36,
         },
     )
-    .expect("compiles");
-    ResourceScheduler::new(trees.tree("q").expect("tree q"), Arc::new(TokioClock))
+    .expect("compiles")
+}
+
+fn scheduler(ddl: &str) -> ResourceScheduler {
+    ResourceScheduler::new(trees(ddl).tree("q").expect("tree q"), Arc::new(TokioClock))
 }
 
 /// One admission: acquire, take the (immediate) grant, release.
@@ -90,27 +94,14 @@ fn benches(c: &mut Criterion) {
 
     // Memory: one statement's growth and shrink through a three-level tree with two limits
     // (what the engine's pool asks on every allocation a statement makes).
-    let mut catalog = Catalog::new();
-    for item in parse_script(
+    let memory_trees = trees(
         "CREATE RESOURCE mem (MEMORY RESERVATION);
          CREATE WORKLOAD all SETTINGS max_memory = '64Gi';
          CREATE WORKLOAD team IN all SETTINGS max_memory = '32Gi';
          CREATE WORKLOAD etl IN team SETTINGS weight = 3;
          CREATE WORKLOAD adhoc IN team",
-    ) {
-        catalog
-            .apply_mut(&item.result.expect("parses"))
-            .expect("applies");
-    }
-    let trees = compile(
-        &catalog,
-        Machine {
-            cores: 16,
-            memory: 1 << 36,
-        },
-    )
-    .expect("compiles");
-    let memory = sluice_sched::MemoryScheduler::new(trees.tree("mem").expect("tree mem"));
+    );
+    let memory = sluice_sched::MemoryScheduler::new(memory_trees.tree("mem").expect("tree mem"));
     let mut pending = memory
         .allocate("etl", 0, Arc::new(|_| {}))
         .expect("allocates");

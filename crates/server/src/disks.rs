@@ -89,13 +89,7 @@ impl DiskGate {
         if shared.disks.is_empty() {
             return None;
         }
-        let snapshot = shared.snapshot();
-        let any_io = snapshot.catalog.resources().any(|r| {
-            r.operations
-                .iter()
-                .any(|op| matches!(op, ResourceOperation::Read(_) | ResourceOperation::Write(_)))
-        });
-        any_io.then(|| {
+        shared.snapshot().roles.disk_io.then(|| {
             Arc::new(DiskGate {
                 shared: shared.clone(),
                 grant: grant.clone(),

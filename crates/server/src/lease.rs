@@ -34,7 +34,7 @@ impl SlotLease {
         if !options.preemption {
             return None;
         }
-        let resource = shared.snapshot().cpu.master.clone()?;
+        let resource = shared.snapshot().roles.master.clone()?;
         let holds = grant
             .lock()
             .unwrap_or_else(|p| p.into_inner())

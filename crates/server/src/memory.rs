@@ -6,7 +6,9 @@
 use std::sync::Mutex;
 
 /// What one statement holds in memory, as its workload counts it: the engine's bytes, its
-/// allocation (at least its reservation: growth first uses what was reserved), its cap.
+/// allocation, its cap. The allocation is admitted at the reservation and only this changes
+/// it, so its size is always `max(used, reserved)`: growth first uses what was reserved, and
+/// shrinking never goes below it. Nothing needs to ask the scheduler what it holds.
 #[derive(Debug)]
 pub struct StatementMemory {
     allocation: Option<sluice_sched::Allocation>,
@@ -15,20 +17,22 @@ pub struct StatementMemory {
     cap: Option<i64>,
 }
 
+fn bytes_of(bytes: usize) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
 impl sluice_engine::MemoryCharge for StatementMemory {
     fn try_grow(&self, bytes: usize) -> std::result::Result<(), String> {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        let want = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let want = used.saturating_add(bytes_of(bytes));
         if let Some(cap) = self.cap.filter(|&cap| want > cap) {
             return Err(format!(
                 "Memory limit (for query) exceeded: would use {want} bytes, max_memory_usage is {cap}"
             ));
         }
-        if let Some(allocation) = &self.allocation {
-            let size = allocation.size();
-            if want > size {
-                allocation.try_grow(want - size).map_err(|e| e.message)?;
-            }
+        let more = self.charged(want) - self.charged(*used);
+        if let (Some(allocation), true) = (&self.allocation, more > 0) {
+            allocation.try_grow(more).map_err(|e| e.message)?;
         }
         *used = want;
         Ok(())
@@ -36,29 +40,31 @@ impl sluice_engine::MemoryCharge for StatementMemory {
 
     fn grow(&self, bytes: usize) {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used = used.saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
-        if let Some(allocation) = &self.allocation {
-            let size = allocation.size();
-            if *used > size {
-                allocation.grow(*used - size);
-            }
+        let want = used.saturating_add(bytes_of(bytes));
+        let more = self.charged(want) - self.charged(*used);
+        if let (Some(allocation), true) = (&self.allocation, more > 0) {
+            allocation.grow(more);
         }
+        *used = want;
     }
 
     fn shrink(&self, bytes: usize) {
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        *used = (*used - i64::try_from(bytes).unwrap_or(i64::MAX)).max(0);
-        if let Some(allocation) = &self.allocation {
-            let keep = (*used).max(self.reserved);
-            let size = allocation.size();
-            if size > keep {
-                allocation.shrink(size - keep);
-            }
+        let left = (*used - bytes_of(bytes)).max(0);
+        let less = self.charged(*used) - self.charged(left);
+        if let (Some(allocation), true) = (&self.allocation, less > 0) {
+            allocation.shrink(less);
         }
+        *used = left;
     }
 }
 
 impl StatementMemory {
+    /// What the allocation holds while the engine holds `used`.
+    fn charged(&self, used: i64) -> i64 {
+        used.max(self.reserved)
+    }
+
     pub fn new(
         allocation: Option<sluice_sched::Allocation>,
         reserved: i64,

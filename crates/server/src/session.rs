@@ -1117,8 +1117,9 @@ impl Connection {
         let snapshot = self.shared.snapshot();
         let cpu_scheduled = !settings.no_concurrency_control;
         // Its query slot, then its memory reservation, then its master thread.
+        let slot: Vec<_> = snapshot.query_slot().into_iter().collect();
         self.wait_for_slots(
-            &snapshot.query_slots(),
+            &slot,
             &guard,
             &snapshot,
             &mut workload,

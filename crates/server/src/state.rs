@@ -116,33 +116,35 @@ pub struct Snapshot {
     pub trees: SchedulerTrees,
     /// A running scheduler per QUERY, CPU and IO resource.
     pub schedulers: BTreeMap<String, ResourceScheduler>,
-    /// The resources that schedule CPU threads.
-    pub cpu: CpuResources,
+    /// Which resource plays which part in a statement's admission, read once per catalog.
+    pub roles: Roles,
     /// A running scheduler per MEMORY RESERVATION resource (at most one, the catalog's rule).
     pub memory: BTreeMap<String, MemoryScheduler>,
 }
 
-/// The resources covering `MASTER THREAD` and `WORKER THREAD` (at most one each, the
-/// catalog's rule; they may be one resource).
+/// The resources covering `QUERY`, `MASTER THREAD` and `WORKER THREAD` (at most one each, the
+/// catalog's rule; master and worker may be one resource), and whether any covers a disk.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct CpuResources {
+pub struct Roles {
+    pub query: Option<String>,
     pub master: Option<String>,
     pub worker: Option<String>,
+    pub disk_io: bool,
 }
 
-impl CpuResources {
-    fn of(catalog: &Catalog) -> CpuResources {
-        let mut out = CpuResources::default();
+impl Roles {
+    fn of(catalog: &Catalog) -> Roles {
+        use sluice_sql::ResourceOperation as Op;
+        let mut out = Roles::default();
         for resource in catalog.resources() {
             for op in &resource.operations {
+                let name = Some(resource.name.clone());
                 match op {
-                    sluice_sql::ResourceOperation::MasterThread => {
-                        out.master = Some(resource.name.clone())
-                    }
-                    sluice_sql::ResourceOperation::WorkerThread => {
-                        out.worker = Some(resource.name.clone())
-                    }
-                    _ => {}
+                    Op::Query => out.query = name,
+                    Op::MasterThread => out.master = name,
+                    Op::WorkerThread => out.worker = name,
+                    Op::Read(_) | Op::Write(_) => out.disk_io = true,
+                    Op::MemoryReservation => {}
                 }
             }
         }
@@ -154,37 +156,34 @@ impl Snapshot {
     fn new(catalog: Catalog, trees: SchedulerTrees, previous: Option<&Snapshot>) -> Snapshot {
         let schedulers = schedulers(&trees, previous);
         let memory = memory_schedulers(&trees, previous);
-        let cpu = CpuResources::of(&catalog);
+        let roles = Roles::of(&catalog);
         Snapshot {
             catalog,
             trees,
             schedulers,
-            cpu,
+            roles,
             memory,
         }
     }
 
-    /// The master-thread resource and its scheduler.
-    pub fn master(&self) -> Option<(&String, &ResourceScheduler)> {
-        self.schedulers.get_key_value(self.cpu.master.as_ref()?)
+    fn scheduler_of(&self, resource: &Option<String>) -> Option<(&String, &ResourceScheduler)> {
+        self.schedulers.get_key_value(resource.as_ref()?)
     }
 
-    /// The QUERY resources a statement takes a slot of before it starts (then its memory
+    /// The QUERY resource a statement takes a slot of before it starts (then its memory
     /// reservation, then its master thread: see `Session::admit_and_run`).
-    pub fn query_slots(&self) -> Vec<(&String, &ResourceScheduler)> {
-        self.schedulers
-            .iter()
-            .filter(|(resource, _)| {
-                self.trees
-                    .tree(resource)
-                    .is_some_and(|t| t.unit == CostUnit::QuerySlot)
-            })
-            .collect()
+    pub fn query_slot(&self) -> Option<(&String, &ResourceScheduler)> {
+        self.scheduler_of(&self.roles.query)
+    }
+
+    /// The master-thread resource and its scheduler.
+    pub fn master(&self) -> Option<(&String, &ResourceScheduler)> {
+        self.scheduler_of(&self.roles.master)
     }
 
     /// The resource that grants worker threads, and its scheduler.
     pub fn workers(&self) -> Option<(&String, &ResourceScheduler)> {
-        self.schedulers.get_key_value(self.cpu.worker.as_ref()?)
+        self.scheduler_of(&self.roles.worker)
     }
 }
 

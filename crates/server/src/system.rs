@@ -294,7 +294,7 @@ pub fn refresh(shared: &Shared) -> Result<()> {
         })
         .collect();
     // What each running statement holds: its CPU slots and the bytes its memory counts.
-    let cpu_resources = [&snapshot.cpu.master, &snapshot.cpu.worker];
+    let cpu_resources = [&snapshot.roles.master, &snapshot.roles.worker];
     let holdings: Vec<(Option<u64>, Option<i64>)> = processes
         .iter()
         .map(|p| match &p.grant {

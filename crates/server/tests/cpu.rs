@@ -96,14 +96,7 @@ async fn cpu_slots_cap_threads_and_set_each_statements_parallelism() {
     )
     .await;
     until_waiting(&admin, 1).await;
-    assert_eq!(
-        column(
-            &admin,
-            "SELECT waiting_for FROM system.processes WHERE state = 'waiting'"
-        )
-        .await,
-        ["cpu"]
-    );
+    assert_eq!(waiting_for(&admin).await, ["cpu"]);
     assert_eq!(column(&admin, HELD).await, ["3"], "the cap holds");
     // ClickHouse's live columns: the full semaphore is unsatisfied and so inactive while C
     // waits below it (its child, with C pending, is active); C's queue holds one request of

@@ -34,14 +34,7 @@ async fn a_reservation_waits_for_memory_and_runs_when_it_frees() {
     )
     .await;
     until_waiting(&admin, 1).await;
-    assert_eq!(
-        column(
-            &admin,
-            "SELECT waiting_for FROM system.processes WHERE state = 'waiting'"
-        )
-        .await,
-        ["mem"]
-    );
+    assert_eq!(waiting_for(&admin).await, ["mem"]);
     assert_eq!(
         column(
             &admin,

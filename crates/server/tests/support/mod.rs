@@ -123,6 +123,15 @@ pub async fn column(client: &Client, sql: &str) -> Vec<String> {
         .collect()
 }
 
+/// What each waiting statement waits for (`system.processes.waiting_for`).
+pub async fn waiting_for(client: &Client) -> Vec<String> {
+    column(
+        client,
+        "SELECT waiting_for FROM system.processes WHERE state = 'waiting'",
+    )
+    .await
+}
+
 /// Waits (bounded) until `system.processes` shows `n` statements waiting.
 pub async fn until_waiting(client: &Client, n: usize) {
     until_count(
