@@ -329,7 +329,7 @@ impl MemoryScheduler {
                 }
                 (None, Some(leaf)) => {
                     for n in path(&new, leaf) {
-                        new.nodes[n].allocated += alloc.size;
+                        new.nodes[n].allocated = new.nodes[n].allocated.saturating_add(alloc.size);
                         new.nodes[n].running += 1;
                     }
                 }
@@ -474,7 +474,11 @@ fn violated(state: &State, leaf: usize, extra: i64) -> Option<usize> {
             // What victims will free is only counted when the limit is reached (it scans).
             Kind::Limit { max } => {
                 let allocated = state.nodes[n].allocated;
-                allocated + extra > max && allocated - freeing(state, n) + extra > max
+                allocated.saturating_add(extra) > max
+                    && allocated
+                        .saturating_sub(freeing(state, n))
+                        .saturating_add(extra)
+                        > max
             }
             _ => false,
         })
@@ -487,15 +491,14 @@ fn freeing(state: &State, n: usize) -> i64 {
         .values()
         .filter(|a| a.killed && a.pending.is_none())
         .filter(|a| a.leaf.is_some_and(|l| holds(state, n, l)))
-        .map(|a| a.size)
-        .sum()
+        .fold(0i64, |sum, a| sum.saturating_add(a.size))
 }
 
 /// The allocation under node `n` to evict for a killer in `killer_leaf` (`pending`: it is
 /// being admitted, not grown), by the rules in the module docs.
 fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<u64> {
     let node = &state.nodes[n];
-    let running = |c: usize| state.nodes[c].allocated - freeing(state, c) > 0;
+    let running = |c: usize| state.nodes[c].allocated.saturating_sub(freeing(state, c)) > 0;
     match &node.kind {
         Kind::Queue { .. } => {
             if pending && n == killer_leaf {
@@ -623,7 +626,7 @@ fn admit_pending(state: &mut State, resource: &str) -> Kills {
         for n in path(state, leaf) {
             let node = &mut state.nodes[n];
             node.waiting = node.waiting.saturating_sub(1);
-            node.allocated += reserve;
+            node.allocated = node.allocated.saturating_add(reserve);
             node.running += 1;
             node.stats.admits += 1;
         }
@@ -668,7 +671,7 @@ fn remove(shared: &Shared, state: &mut State, id: u64) -> Kills {
             } else {
                 for n in path(state, leaf) {
                     let node = &mut state.nodes[n];
-                    node.allocated -= alloc.size;
+                    node.allocated = node.allocated.saturating_sub(alloc.size);
                     node.running = node.running.saturating_sub(1);
                     node.stats.removes += 1;
                 }
@@ -786,13 +789,13 @@ impl Allocation {
             };
             if let Some(to) = to {
                 for n in path(state, to) {
-                    state.nodes[n].allocated += size;
+                    state.nodes[n].allocated = state.nodes[n].allocated.saturating_add(size);
                     state.nodes[n].running += 1;
                 }
             }
             if let Some(from) = from {
                 for n in path(state, from) {
-                    state.nodes[n].allocated -= size;
+                    state.nodes[n].allocated = state.nodes[n].allocated.saturating_sub(size);
                     state.nodes[n].running = state.nodes[n].running.saturating_sub(1);
                 }
             }
@@ -858,12 +861,12 @@ impl Allocation {
                 }
             }
             if let Some(a) = state.allocs.get_mut(&id) {
-                a.size += bytes;
+                a.size = a.size.saturating_add(bytes);
             }
             if let Some(leaf) = leaf {
                 for n in path(state, leaf) {
                     let node = &mut state.nodes[n];
-                    node.allocated += bytes;
+                    node.allocated = node.allocated.saturating_add(bytes);
                     if bytes > 0 {
                         node.stats.increases += 1;
                     } else if bytes < 0 {

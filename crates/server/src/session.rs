@@ -1039,6 +1039,18 @@ impl Connection {
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
         notices: &mut dyn Notices,
     ) -> Result<Option<Arc<crate::memory::StatementMemory>>> {
+        // More than the engine may ever hold can never be used, and would let the tree's sums
+        // run past what an i64 counts.
+        let engine = self.shared.options.engine_memory() as u64;
+        if settings.reserve_memory > engine {
+            return Err(Error::new(
+                ErrorCode::ResourceLimitExceeded,
+                format!(
+                    "reserve_memory = {} exceeds the {engine} bytes the engine's queries may hold together (server.engine_memory_ratio of server.memory)",
+                    settings.reserve_memory
+                ),
+            ));
+        }
         let reserve = i64::try_from(settings.reserve_memory).unwrap_or(i64::MAX);
         let cap = (settings.max_memory_usage > 0)
             .then(|| i64::try_from(settings.max_memory_usage).unwrap_or(i64::MAX));

@@ -254,3 +254,50 @@ async fn a_sort_past_its_cap_spills_instead_of_failing() {
     assert!(spills > 0, "the sort spilled: {text}");
     server.stop().await;
 }
+
+/// Absurd reservations are refused or counted without overflow, and the server goes on.
+#[tokio::test]
+async fn absurd_reservations_do_not_break_the_tree() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE mem (MEMORY RESERVATION);
+         CREATE WORKLOAD all;
+         CREATE WORKLOAD w IN all;
+         CREATE WORKLOAD capped IN all SETTINGS max_memory = '1Gi'",
+        false,
+    )
+    .await;
+    let client = server.client().await;
+    // Over a limit: refused at once with its code.
+    let e = client
+        .simple_query("SELECT 1 SETTINGS workload = 'capped', reserve_memory = '2Gi'")
+        .await
+        .expect_err("too big");
+    assert_refused(&e, "53200", "exceeds the limit");
+    // Not a size: refused with BAD_ARGUMENTS.
+    let e = client
+        .simple_query("SELECT 1 SETTINGS workload = 'w', reserve_memory = 'lots'")
+        .await
+        .expect_err("not a size");
+    assert!(
+        message(&e).contains("BAD_ARGUMENTS") || message(&e).contains("CANNOT_PARSE"),
+        "{}",
+        message(&e)
+    );
+    // Unlimited workload, but more than the engine may ever hold: refused, naming why.
+    let e = client
+        .simple_query("SELECT 1 SETTINGS workload = 'w', reserve_memory = 9223372036854775807")
+        .await
+        .expect_err("more than the engine holds");
+    assert_refused(&e, "53200", "server.engine_memory_ratio");
+    // And everyone goes on.
+    assert_eq!(
+        column(
+            &client,
+            "SELECT 'ran' SETTINGS workload = 'w', reserve_memory = '1Mi'"
+        )
+        .await,
+        ["ran"]
+    );
+    until(&admin, ALLOCATED, "0").await;
+    server.stop().await;
+}
