@@ -7,7 +7,7 @@
 //! bandwidth_limit), admission futures and RAII permits that can move to another workload or
 //! change their cost, and a [`runtime::Clock`] so timing logic runs in virtual time in tests;
 //! the space-shared (memory) nodes: allocations admitted, grown, shrunk and evicted
-//! ([`space::MemoryScheduler`]); and the shares each workload is promised, read off the settings ([`shares`]).
+//! ([`space::MemoryScheduler`]); and the shares each workload is promised, read off the settings ([`mod@shares`]).
 //! The runtime's behaviour reads as data-driven scripts in `testdata/` (run by
 //! `tests/scripts.rs`).
 //!

@@ -30,7 +30,7 @@
 //!   allocation to the new tree's leaf of its workload (pending ones in order; a pending one
 //!   whose workload has no queue any more fails with INVALID_SCHEDULER_NODE).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 use sluice_sql::{Error, ErrorCode, Result};
 use tokio::sync::oneshot;
 
-use crate::runtime::leaf_of;
+use crate::runtime::{leaf_of, HashMap, Leaves};
 use crate::tree::{Node, NodeKind, ResourceTree};
 
 /// Called (outside the scheduler's lock) with the error a killed allocation's statement
@@ -116,7 +116,7 @@ struct Alloc {
 
 struct State {
     nodes: Vec<SpaceNode>,
-    leaves: HashMap<String, Option<usize>>,
+    leaves: Leaves,
     allocs: HashMap<u64, Alloc>,
     next_id: u64,
     /// Strong, as in the time-shared runtime: an allocation of this version must reach the
@@ -150,8 +150,8 @@ impl MemoryScheduler {
     pub fn new(tree: &ResourceTree) -> MemoryScheduler {
         let mut state = State {
             nodes: Vec::new(),
-            leaves: HashMap::new(),
-            allocs: HashMap::new(),
+            leaves: Leaves::default(),
+            allocs: HashMap::default(),
             next_id: 1,
             successor: None,
         };

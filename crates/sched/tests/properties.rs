@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 use proptest::prelude::*;
 use sluice_catalog::Catalog;
 use sluice_sched::{
-    compile, Acquire, Allocation, Machine, MemoryScheduler, PendingAllocation, Permit,
+    compile, Acquire, Allocation, Clock, Machine, MemoryScheduler, PendingAllocation, Permit,
     ResourceScheduler, TokioClock,
 };
 use sluice_sql::parse_script;
@@ -117,8 +117,73 @@ fn inflight(
         .collect()
 }
 
+/// A clock the test moves by hand.
+#[derive(Debug)]
+struct HandClock(std::sync::Mutex<tokio::time::Instant>);
+
+impl Clock for HandClock {
+    fn now(&self) -> tokio::time::Instant {
+        *self.0.lock().expect("clock")
+    }
+}
+
+/// Every node type the time-shared runtime has, on the paths to leaves a, b and c: caps,
+/// a rate limit with a small burst, weights, priorities and an outranked share.
+const IDLE_GRANT_TREE: &str = "CREATE RESOURCE q (QUERY);
+     CREATE WORKLOAD all SETTINGS max_concurrent_queries = 3, max_queries_per_second = 2, max_burst_queries = 2;
+     CREATE WORKLOAD team IN all SETTINGS priority = 0;
+     CREATE WORKLOAD a IN team SETTINGS weight = 3, max_concurrent_queries = 1;
+     CREATE WORKLOAD b IN team;
+     CREATE WORKLOAD c IN all SETTINGS priority = 1, outranked_share = 0.5, max_waiting_queries = 2";
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A request that finds the tree idle is granted without taking the queue; that shortcut
+    /// must leave every node exactly as enqueue and dispatch would (counters, vruntimes,
+    /// tokens, throughput, credit), grant the same requests and refuse the same ones. Two
+    /// schedulers of one tree, one with the shortcut off, run the same operations.
+    #[test]
+    fn idle_grants_change_what_the_queue_would(ops in proptest::collection::vec((op(), 0..3u64), 1..80)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("rt");
+        let _guard = rt.enter();
+        let clock = Arc::new(HandClock(std::sync::Mutex::new(tokio::time::Instant::now())));
+        let trees = trees(&mut Catalog::new(), IDLE_GRANT_TREE);
+        let tree = trees.tree("q").expect("q");
+        let fast = ResourceScheduler::new(tree, clock.clone());
+        let queued = ResourceScheduler::new(tree, clock.clone()).without_idle_grants();
+        let mut granted: [Vec<Permit>; 2] = [Vec::new(), Vec::new()];
+        let mut waiting: [Vec<Acquire>; 2] = [Vec::new(), Vec::new()];
+        for (op, tick) in ops {
+            *clock.0.lock().expect("clock") += std::time::Duration::from_millis(250 * tick);
+            for (side, s) in [&fast, &queued].into_iter().enumerate() {
+                match &op {
+                    Op::Acquire(w) => {
+                        if let Ok(acquire) = s.acquire(LEAVES[*w], 1) {
+                            waiting[side].push(acquire);
+                        }
+                    }
+                    Op::Release(i) if !granted[side].is_empty() => {
+                        let n = granted[side].len();
+                        granted[side].remove(i % n);
+                    }
+                    Op::Cancel(i) if !waiting[side].is_empty() => {
+                        let n = waiting[side].len();
+                        waiting[side].remove(i % n);
+                    }
+                    Op::Move(i, w) if !granted[side].is_empty() => {
+                        let n = granted[side].len();
+                        granted[side][i % n].move_to(s, LEAVES[*w]).expect("moves to a leaf");
+                    }
+                    _ => {}
+                }
+                settle(&mut waiting[side], &mut granted[side]).map_err(TestCaseError::fail)?;
+            }
+            prop_assert_eq!(granted[0].len(), granted[1].len(), "granted after {:?}", op);
+            prop_assert_eq!(waiting[0].len(), waiting[1].len(), "waiting after {:?}", op);
+            prop_assert_eq!(fast.nodes(), queued.nodes(), "nodes after {:?}", op);
+        }
+    }
 
     /// Query slots: a grant never takes an inflight_limit past its max (moves and lowered
     /// limits may leave it over; then nothing more is granted there until it is back under);
