@@ -73,10 +73,6 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// The leaf queue of each workload of a tree (`None`: it has children).
 pub(crate) type Leaves = HashMap<String, Option<usize>>;
 
-/// How long a node's `throughput` adds dequeues up before decaying again: below this, the
-/// decay factor is within 0.1% of 1, and skipping it keeps `exp` off most admissions.
-const RATE_STEP: Duration = Duration::from_millis(1);
-
 /// One dequeue in the credit units of `outranked_share` (millionths: integers, so a share of
 /// 0.1 takes exactly every tenth dequeue, never drifting).
 const ONE_DEQUEUE: u64 = 1_000_000;
@@ -203,23 +199,27 @@ struct RtNode {
     owner: Option<Arc<str>>,
     kind: RtKind,
     stats: NodeStats,
-    /// Smoothed dequeued cost per second, as of `rate_at`.
+    /// Smoothed dequeued cost per second as of `rate_at`, when `dequeued_cost` was
+    /// `rate_cost`: advanced when `system.scheduler` is read ([`advance_rate`]), so that a
+    /// dequeue costs no clock read and no `exp`.
     rate: f64,
     rate_at: Instant,
-    /// `rate_at + RATE_STEP`: until then dequeues add to `rate` undecayed (a comparison per
-    /// dequeue instead of a subtraction of instants).
-    rate_until: Instant,
+    rate_cost: i64,
+    /// For a queue: whether a `bandwidth_limit` is on its path (then granting needs the clock).
+    throttled: bool,
 }
 
-/// What a grant holds: the `inflight_limit` nodes it counts against, and its cost.
+/// What a grant holds: its cost on the `inflight_limit`s of its leaf queue's path.
 #[derive(Debug)]
 struct Grant {
-    constraints: Arc<[usize]>,
+    /// The leaf queue it was granted from (its [`RtNode::constraints`] are what it holds).
+    leaf: usize,
     cost: i64,
     /// The leaf workload it counts in.
     workload: Arc<str>,
-    /// The scheduler whose nodes `constraints` index.
-    owner: Weak<Shared>,
+    /// The scheduler whose nodes `leaf` indexes. Strong: a grant never stays in that
+    /// scheduler's state (only in a channel to its `Acquire` or in a `Permit`), so no cycle.
+    owner: Arc<Shared>,
 }
 
 #[derive(Debug)]
@@ -301,6 +301,13 @@ impl ResourceScheduler {
         for leaf in 0..state.nodes.len() {
             if matches!(state.nodes[leaf].kind, RtKind::Queue { .. }) {
                 state.nodes[leaf].constraints = constraints_of(&state, leaf).into();
+                let mut at = Some(leaf);
+                while let Some(n) = at {
+                    if matches!(state.nodes[n].kind, RtKind::Bandwidth { .. }) {
+                        state.nodes[leaf].throttled = true;
+                    }
+                    at = state.nodes[n].parent;
+                }
             }
         }
         ResourceScheduler {
@@ -520,12 +527,7 @@ impl ResourceScheduler {
         let shared = &current.shared;
         let mut state = shared.lock();
         let leaf = match state.leaves.get(workload) {
-            None => {
-                return Some(Permit {
-                    shared: None,
-                    grant: None,
-                })
-            }
+            None => return Some(Permit { grant: None }),
             Some(None) => return None,
             Some(Some(leaf)) => *leaf,
         };
@@ -553,6 +555,7 @@ impl ResourceScheduler {
         state.epoch += 1;
         let mut out = Vec::with_capacity(state.nodes.len());
         for i in 0..state.nodes.len() {
+            advance_rate(&mut state.nodes[i], now);
             let active = is_active(&mut state, i, now);
             let children = state.nodes[i].children.clone();
             let active_children = children
@@ -599,7 +602,7 @@ impl ResourceScheduler {
                 },
                 is_active: active,
                 active_children,
-                throughput: decayed(n.rate, n.rate_at, now),
+                throughput: n.rate,
                 budget: queue_cost.map(|_| 0),
                 queue_cost,
                 is_satisfied: match n.kind {
@@ -694,7 +697,8 @@ fn add_node(
         stats: NodeStats::default(),
         rate: 0.0,
         rate_at: now,
-        rate_until: now + RATE_STEP,
+        rate_cost: 0,
+        throttled: false,
     });
     let is_fair = matches!(node.kind, NodeKind::Fair | NodeKind::FairAllocation);
     let own = if node.kind == NodeKind::Workload {
@@ -732,12 +736,14 @@ impl Shared {
         if state.idle_grants_off || state.nodes[0].pending != 0 {
             return None;
         }
-        let (constraints, workload) = grant_idle(state, leaf, cost, self.clock.now())?;
+        // The clock only for a throttler's tokens.
+        let now = state.nodes[leaf].throttled.then(|| self.clock.now());
+        let workload = grant_idle(state, leaf, cost, now)?;
         Some(Grant {
-            constraints,
+            leaf,
             cost,
             workload,
-            owner: Arc::downgrade(self),
+            owner: self.clone(),
         })
     }
 
@@ -760,27 +766,19 @@ impl Shared {
             let Some(waiting) = state.waiting.remove(&id) else {
                 continue;
             };
-            let leaf = &state.nodes[waiting.leaf];
-            let constraints = leaf.constraints.clone();
-            let workload = leaf.owner.clone().unwrap_or_else(|| Arc::from(""));
-            for &c in constraints.iter() {
-                if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
-                    *requests += 1;
-                    *cost += waiting.cost;
-                }
-            }
+            hold(state, waiting.leaf, waiting.cost);
             let grant = Grant {
-                constraints,
+                leaf: waiting.leaf,
                 cost: waiting.cost,
-                workload,
-                owner: Arc::downgrade(self),
+                workload: workload_of(state, waiting.leaf),
+                owner: self.clone(),
             };
             match waiting.grant {
                 None => state.granted_now = Some((id, grant)),
                 Some(sender) => {
                     if let Err(grant) = sender.send(grant) {
                         // The future is gone (its drop waits for this lock): release in place.
-                        release_locked(state, &grant.constraints, grant.cost);
+                        release_locked(state, grant.leaf, grant.cost);
                     }
                 }
             }
@@ -810,16 +808,18 @@ impl Shared {
         });
     }
 
-    /// Gives back what a grant holds here, and in every successor that took its counts over.
-    fn release(self: &Arc<Self>, constraints: &[usize], cost: i64) {
+    /// Gives back what a grant from leaf queue `leaf` holds here, and in every successor that
+    /// took its counts over.
+    fn release(self: &Arc<Self>, leaf: usize, cost: i64) {
         let mut state = self.lock();
-        release_locked(&mut state, constraints, cost);
+        release_locked(&mut state, leaf, cost);
         self.dispatch(&mut state);
         let Some(next) = &state.successor else {
             return;
         };
         // Replaced: the successors took the counts over, so they give them back too.
-        let mut constraints: Vec<usize> = constraints
+        let mut constraints: Vec<usize> = state.nodes[leaf]
+            .constraints
             .iter()
             .filter_map(|c| next.constraints.get(c).copied())
             .collect();
@@ -827,7 +827,7 @@ impl Shared {
         drop(state);
         while let Some(shared) = at.take() {
             let mut state = shared.lock();
-            release_locked(&mut state, &constraints, cost);
+            release_constraints(&mut state, &constraints, cost);
             shared.dispatch(&mut state);
             if let Some(next) = &state.successor {
                 constraints = constraints
@@ -842,7 +842,20 @@ impl Shared {
     }
 }
 
-fn release_locked(state: &mut State, constraints: &[usize], released_cost: i64) {
+/// Gives back a grant of `cost` from leaf queue `leaf` on its path's `inflight_limit`s.
+fn release_locked(state: &mut State, leaf: usize, released_cost: i64) {
+    for i in 0..state.nodes[leaf].constraints.len() {
+        let c = state.nodes[leaf].constraints[i];
+        if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
+            *requests -= 1;
+            *cost -= released_cost;
+        }
+    }
+}
+
+/// Gives back `released_cost` on the `inflight_limit` nodes `constraints` (a successor's
+/// nodes that took a grant's counts over).
+fn release_constraints(state: &mut State, constraints: &[usize], released_cost: i64) {
     for &c in constraints {
         if let RtKind::Inflight { requests, cost, .. } = &mut state.nodes[c].kind {
             *requests -= 1;
@@ -986,21 +999,16 @@ fn dequeue(state: &mut State, n: usize, now: Instant) -> Option<(u64, i64)> {
     let id = dequeue_below(state, n, &children, now);
     state.nodes[n].children = children;
     let (id, cost) = id?;
-    count_dequeued(&mut state.nodes[n], cost, now);
+    count_dequeued(&mut state.nodes[n], cost);
     Some((id, cost))
 }
 
 /// What a request of `cost` passing node `node` changes there: its counters and throughput,
 /// and a throttler's tokens (charged after: the last request may overdraw).
-fn count_dequeued(node: &mut RtNode, cost: i64, now: Instant) {
+#[inline]
+fn count_dequeued(node: &mut RtNode, cost: i64) {
     node.stats.dequeued_requests += 1;
     node.stats.dequeued_cost += cost;
-    if now >= node.rate_until {
-        node.rate = decayed(node.rate, node.rate_at, now);
-        node.rate_at = now;
-        node.rate_until = now + RATE_STEP;
-    }
-    node.rate += cost as f64 / THROUGHPUT_WINDOW.as_secs_f64();
     if let RtKind::Bandwidth {
         max_speed, tokens, ..
     } = &mut node.kind
@@ -1044,17 +1052,14 @@ fn count_fair_served(
 /// waits anywhere) whose path lets it through now — with exactly the effects enqueue and
 /// dispatch would have, in one walk up the path instead of a queue entry, a walk down and a
 /// channel. `None` when the tree is busy or a constraint on the path holds it: then it takes
-/// the queue like any other.
-fn grant_idle(
-    state: &mut State,
-    leaf: usize,
-    cost: i64,
-    now: Instant,
-) -> Option<(Arc<[usize]>, Arc<str>)> {
+/// the queue like any other. `now` is read only when a throttler is on the path.
+fn grant_idle(state: &mut State, leaf: usize, cost: i64, now: Option<Instant>) -> Option<Arc<str>> {
     let mut at = Some(leaf);
     while let Some(n) = at {
         let node = &mut state.nodes[n];
-        refill(&mut node.kind, now);
+        if let Some(now) = now {
+            refill(&mut node.kind, now);
+        }
         let open = match &node.kind {
             // Enqueue would refuse it (a limit of zero waiters): let it.
             RtKind::Queue { max_queued, .. } => *max_queued > 0,
@@ -1094,14 +1099,19 @@ fn grant_idle(
                 _ => {}
             }
         }
-        count_dequeued(&mut state.nodes[n], cost, now);
+        count_dequeued(&mut state.nodes[n], cost);
         child = Some(n);
         at = state.nodes[n].parent;
     }
-    let leaf = &state.nodes[leaf];
-    let constraints = leaf.constraints.clone();
-    let workload = leaf.owner.clone().unwrap_or_else(|| Arc::from(""));
-    for &c in constraints.iter() {
+    hold(state, leaf, cost);
+    state.next_id += 1;
+    Some(workload_of(state, leaf))
+}
+
+/// Counts a grant of `cost` from leaf queue `leaf` on every `inflight_limit` of its path.
+fn hold(state: &mut State, leaf: usize, cost: i64) {
+    for i in 0..state.nodes[leaf].constraints.len() {
+        let c = state.nodes[leaf].constraints[i];
         if let RtKind::Inflight {
             requests,
             cost: held,
@@ -1112,8 +1122,14 @@ fn grant_idle(
             *held += cost;
         }
     }
-    state.next_id += 1;
-    Some((constraints, workload))
+}
+
+/// The workload whose leaf queue `leaf` is.
+fn workload_of(state: &State, leaf: usize) -> Arc<str> {
+    state.nodes[leaf]
+        .owner
+        .clone()
+        .unwrap_or_else(|| Arc::from(""))
 }
 
 /// The request node `n` gives next, from its queue or the child its policy picks.
@@ -1212,10 +1228,19 @@ fn pick_by_priority(state: &mut State, children: &[usize], now: Instant) -> Opti
     Some(chosen)
 }
 
-/// A smoothed rate `rate` as of `at`, decayed to `now`.
-fn decayed(rate: f64, at: Instant, now: Instant) -> f64 {
-    let elapsed = now.saturating_duration_since(at).as_secs_f64();
-    rate * (-elapsed / THROUGHPUT_WINDOW.as_secs_f64()).exp()
+/// Brings node `node`'s smoothed throughput up to `now`: the cost dequeued since the last
+/// reading, as a rate over the time between, blended in by how much of the window that time
+/// is (an exponential moving average in continuous time: `1 - e^(-dt/window)`).
+fn advance_rate(node: &mut RtNode, now: Instant) {
+    let elapsed = now.saturating_duration_since(node.rate_at).as_secs_f64();
+    if elapsed <= 0.0 {
+        return;
+    }
+    let dequeued = (node.stats.dequeued_cost - node.rate_cost) as f64;
+    let blend = 1.0 - (-elapsed / THROUGHPUT_WINDOW.as_secs_f64()).exp();
+    node.rate += blend * (dequeued / elapsed - node.rate);
+    node.rate_at = now;
+    node.rate_cost = node.stats.dequeued_cost;
 }
 
 /// The earliest moment a throttler that holds back waiting requests has tokens again.
@@ -1261,10 +1286,7 @@ impl Acquire {
             shared: None,
             id: 0,
             rx: None,
-            ready: Some(Permit {
-                shared: None,
-                grant: None,
-            }),
+            ready: Some(Permit { grant: None }),
             queue_path: Arc::from(""),
         }
     }
@@ -1327,10 +1349,7 @@ impl Acquire {
 
 impl Permit {
     fn granted(grant: Grant) -> Permit {
-        Permit {
-            shared: grant.owner.upgrade(),
-            grant: Some(grant),
-        }
+        Permit { grant: Some(grant) }
     }
 }
 
@@ -1389,9 +1408,7 @@ impl Drop for Acquire {
         }
         // Granted before anyone polled: give it back where it was granted.
         if let Ok(grant) = rx.try_recv() {
-            if let Some(owner) = grant.owner.upgrade() {
-                owner.release(&grant.constraints, grant.cost);
-            }
+            drop(Permit::granted(grant));
         }
     }
 }
@@ -1423,7 +1440,6 @@ fn with_waiting<R>(
 /// What a granted request holds until it is dropped.
 #[derive(Debug)]
 pub struct Permit {
-    shared: Option<Arc<Shared>>,
     grant: Option<Grant>,
 }
 
@@ -1471,40 +1487,22 @@ impl Permit {
         let shared = current.shared;
         let new_grant = {
             let mut state = shared.lock();
-            match leaf_of(&state.leaves, workload)? {
-                None => None,
-                Some(leaf) => {
-                    let constraints = state.nodes[leaf].constraints.clone();
-                    for &c in constraints.iter() {
-                        if let RtKind::Inflight {
-                            requests,
-                            cost: held,
-                            ..
-                        } = &mut state.nodes[c].kind
-                        {
-                            *requests += 1;
-                            *held += cost;
-                        }
-                    }
-                    Some(Grant {
-                        constraints,
-                        cost,
-                        workload: Arc::from(workload),
-                        owner: Arc::downgrade(&shared),
-                    })
+            leaf_of(&state.leaves, workload)?.map(|leaf| {
+                hold(&mut state, leaf, cost);
+                Grant {
+                    leaf,
+                    cost,
+                    workload: workload_of(&state, leaf),
+                    owner: shared.clone(),
                 }
-            }
+            })
         };
-        let old = std::mem::replace(&mut self.grant, new_grant);
-        let old_owner = std::mem::replace(
-            &mut self.shared,
-            self.grant.as_ref().map(|_| shared.clone()),
-        );
-        if let (Some(owner), Some(grant)) = (old_owner, old) {
-            owner.release(&grant.constraints, grant.cost);
-        } else {
-            let mut state = shared.lock();
-            shared.dispatch(&mut state);
+        match std::mem::replace(&mut self.grant, new_grant) {
+            Some(old) => old.owner.release(old.leaf, old.cost),
+            None => {
+                let mut state = shared.lock();
+                shared.dispatch(&mut state);
+            }
         }
         Ok(())
     }
@@ -1527,8 +1525,8 @@ fn constraints_of(state: &State, leaf: usize) -> Vec<usize> {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let (Some(shared), Some(grant)) = (self.shared.take(), self.grant.take()) {
-            shared.release(&grant.constraints, grant.cost);
+        if let Some(grant) = self.grant.take() {
+            grant.owner.release(grant.leaf, grant.cost);
         }
     }
 }
