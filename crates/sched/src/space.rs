@@ -11,9 +11,12 @@
 //! waits (and so does everyone behind it), unless a victim can be evicted for it.
 //!
 //! Growth of a running allocation ([`Allocation::try_grow`]) is granted when it fits; when it
-//! does not, a victim is chosen under the limit it would pass and killed (its owner's kill
-//! callback gets RESOURCE_LIMIT_EXCEEDED, and it frees what it held as it stops). Victims, by
-//! ClickHouse's rules: in a queue the largest running allocation; in a `fair_allocation` the
+//! does not, victims are chosen under the limits it would pass until it fits, and killed (each
+//! owner's kill callback gets RESOURCE_LIMIT_EXCEEDED, and it frees what it held as it stops) —
+//! all of them, or none if they cannot make room together (the growth then fails; see the
+//! deviation below). Victims, by ClickHouse's rules: in a queue the running allocation with the
+//! largest key, its size plus what it asks for (so a growing allocation that is the largest in
+//! its own queue picks itself, and fails); in a `fair_allocation` the
 //! child with the largest `allocated / weight`; in a `precedence_allocation` the child of
 //! highest precedence value. A pending allocation never evicts a running one of its own
 //! workload, nor of an equal precedence; lower precedence never evicts higher.
@@ -494,9 +497,19 @@ fn freeing(state: &State, n: usize) -> i64 {
         .fold(0i64, |sum, a| sum.saturating_add(a.size))
 }
 
-/// The allocation under node `n` to evict for a killer in `killer_leaf` (`pending`: it is
-/// being admitted, not grown), by the rules in the module docs.
-fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<u64> {
+/// Who asks for room: a pending allocation being admitted, or running allocation `id`
+/// growing by `bytes`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Killer {
+    Pending,
+    Growing { id: u64, bytes: i64 },
+}
+
+/// The allocation under node `n` to evict for a killer in `killer_leaf`, by the rules in the
+/// module docs. It may be the growing killer itself (its own key, size + growth, is the
+/// largest in its queue): then nothing is evicted and the growth fails.
+fn victim(state: &State, n: usize, killer_leaf: usize, killer: Killer) -> Option<u64> {
+    let pending = killer == Killer::Pending;
     let node = &state.nodes[n];
     let running = |c: usize| state.nodes[c].allocated.saturating_sub(freeing(state, c)) > 0;
     match &node.kind {
@@ -504,19 +517,24 @@ fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<
             if pending && n == killer_leaf {
                 return None; // a pending allocation never evicts its own workload's
             }
+            // ClickHouse's fair_key: what an allocation holds plus what it asks for.
+            let key = |id: u64, size: i64| match killer {
+                Killer::Growing { id: k, bytes } if k == id => size.saturating_add(bytes),
+                _ => size,
+            };
             state
                 .allocs
                 .iter()
-                .filter(|(_, a)| {
-                    a.leaf == Some(n) && a.pending.is_none() && !a.killed && a.size > 0
-                })
-                .max_by_key(|(id, a)| (a.size, std::cmp::Reverse(**id)))
-                .map(|(id, _)| *id)
+                .filter(|(_, a)| a.leaf == Some(n) && a.pending.is_none() && !a.killed)
+                .map(|(id, a)| (*id, key(*id, a.size)))
+                .filter(|&(_, key)| key > 0)
+                .max_by_key(|&(id, key)| (key, std::cmp::Reverse(id)))
+                .map(|(id, _)| id)
         }
         Kind::Workload | Kind::Limit { .. } => node
             .children
             .iter()
-            .find_map(|&c| victim(state, c, killer_leaf, pending)),
+            .find_map(|&c| victim(state, c, killer_leaf, killer)),
         Kind::Fair => {
             let own = node
                 .children
@@ -534,7 +552,7 @@ fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<
             let c = candidates
                 .into_iter()
                 .max_by(|&a, &b| usage(state, a).total_cmp(&usage(state, b)))?;
-            victim(state, c, killer_leaf, pending)
+            victim(state, c, killer_leaf, killer)
         }
         Kind::Precedence => {
             let own = node
@@ -555,7 +573,7 @@ fn victim(state: &State, n: usize, killer_leaf: usize, pending: bool) -> Option<
                     return None;
                 }
             }
-            victim(state, c, killer_leaf, pending)
+            victim(state, c, killer_leaf, killer)
         }
     }
 }
@@ -608,7 +626,7 @@ fn admit_pending(state: &mut State, resource: &str) -> Kills {
             )
         };
         if let Some(limit) = violated(state, leaf, reserve) {
-            if let Some(v) = victim(state, limit, leaf, true) {
+            if let Some(v) = victim(state, limit, leaf, Killer::Pending) {
                 kills.extend(kill(state, resource, limit, v, leaf));
             }
             break; // it waits for memory to free, and so does everyone behind it
@@ -836,28 +854,48 @@ impl Allocation {
                 );
             }
             if let (true, Some(leaf)) = (checked && bytes > 0, leaf) {
-                if let Some(limit) = violated(state, leaf, bytes) {
-                    match victim(state, limit, leaf, false) {
+                // The victims that make room, chosen all before any is killed: growth is
+                // granted at once (see the module docs), so if they cannot make room together
+                // none dies for nothing and the growth fails.
+                let killer = Killer::Growing { id, bytes };
+                let mut chosen: Vec<(usize, u64)> = Vec::new();
+                let blocked = loop {
+                    let Some(limit) = violated(state, leaf, bytes) else {
+                        break None;
+                    };
+                    match victim(state, limit, leaf, killer) {
                         Some(v) if v != id => {
-                            kills.extend(kill(state, &shared.resource, limit, v, leaf))
+                            if let Some(a) = state.allocs.get_mut(&v) {
+                                a.killed = true;
+                            }
+                            chosen.push((limit, v));
                         }
-                        _ => {
-                            let (allocated, max) = match state.nodes[limit].kind {
-                                Kind::Limit { max } => (state.nodes[limit].allocated, max),
-                                _ => (0, 0),
-                            };
-                            return (
-                                Err(Error::new(
-                                    ErrorCode::ResourceLimitExceeded,
-                                    format!(
-                                        "Workload '{workload}' limit is hit for resource '{}': {allocated} + {bytes} bytes > {max} under {}",
-                                        shared.resource, state.nodes[limit].path
-                                    ),
-                                )),
-                                kills,
-                            );
-                        }
+                        _ => break Some(limit),
                     }
+                };
+                for (_, v) in &chosen {
+                    if let Some(a) = state.allocs.get_mut(v) {
+                        a.killed = false;
+                    }
+                }
+                if let Some(limit) = blocked {
+                    let (allocated, max) = match state.nodes[limit].kind {
+                        Kind::Limit { max } => (state.nodes[limit].allocated, max),
+                        _ => (0, 0),
+                    };
+                    return (
+                        Err(Error::new(
+                            ErrorCode::ResourceLimitExceeded,
+                            format!(
+                                "Workload '{workload}' limit is hit for resource '{}': {allocated} + {bytes} bytes > {max} under {}",
+                                shared.resource, state.nodes[limit].path
+                            ),
+                        )),
+                        kills,
+                    );
+                }
+                for (limit, v) in chosen {
+                    kills.extend(kill(state, &shared.resource, limit, v, leaf));
                 }
             }
             if let Some(a) = state.allocs.get_mut(&id) {

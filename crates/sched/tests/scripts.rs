@@ -23,7 +23,21 @@
 //! - `advance DURATION` (`250ms`, `2s`): moves virtual time on.
 //! - `print`: every node's live state.
 //!
-//! After each command, requests whose wait ended are listed (`NAME: granted`, or the error).
+//! A `catalog R` whose resource is a `MEMORY RESERVATION` runs its space-shared tree
+//! ([`MemoryScheduler`]) instead, with allocations (sizes in bytes, `Ki`/`Mi`/`Gi` allowed):
+//! - `allocate NAME WORKLOAD [SIZE]`: an allocation reserving SIZE (default 0); says whether
+//!   it was admitted or waits.
+//! - `grow NAME BYTES` / `shrink NAME BYTES`: a running allocation's growth (which may evict a
+//!   victim, or fail) or shrink.
+//! - `free NAME`: drops an allocation, pending or running.
+//! - `move NAME WORKLOAD`: moves a running allocation with its bytes.
+//! - `print`: every node's `allocated`, `allocations`, `pending` and counters, then the size of
+//!   each running allocation.
+//!
+//! After each command, requests whose wait ended are listed (`NAME: granted`, or the error),
+//! then allocations admitted (`NAME: admitted`) or failed, then victims (`NAME: evicted`: the
+//! kill switch was thrown; the script then drops the victim's allocation, as its statement does
+//! when it stops).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -33,8 +47,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use sluice_catalog::Catalog;
-use sluice_sched::{compile, Acquire, Machine, Permit, ResourceScheduler, TokioClock};
-use sluice_sql::parse_script;
+use sluice_sched::{
+    compile, Acquire, Allocation, KillSwitch, Machine, MemoryScheduler, PendingAllocation, Permit,
+    ResourceScheduler, TokioClock,
+};
+use sluice_sql::{parse_script, CostUnit};
 
 const MACHINE: Machine = Machine {
     cores: 4,
@@ -46,11 +63,21 @@ enum Request {
     Granted(Permit),
 }
 
+enum Memory {
+    Pending(PendingAllocation),
+    Running(Allocation),
+}
+
 struct Script {
     catalog: Catalog,
     scheduler: Option<ResourceScheduler>,
     /// Requests by name, in the order they were made.
     requests: Vec<(String, Request)>,
+    memory: Option<MemoryScheduler>,
+    /// Allocations by name, in the order they were made.
+    allocations: Vec<(String, Memory)>,
+    /// Names whose kill switch was thrown, in order (filled outside the scheduler's lock).
+    victims: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Script {
@@ -65,7 +92,29 @@ impl Script {
             catalog,
             scheduler: None,
             requests: Vec::new(),
+            memory: None,
+            allocations: Vec::new(),
+            victims: Arc::default(),
         }
+    }
+
+    fn memory(&self) -> Result<&MemoryScheduler, String> {
+        self.memory
+            .as_ref()
+            .ok_or_else(|| "no memory catalog yet".to_string())
+    }
+
+    fn running(&self, name: &str) -> Result<&Allocation, String> {
+        match self.allocations.iter().find(|(n, _)| n == name) {
+            Some((_, Memory::Running(a))) => Ok(a),
+            Some((_, Memory::Pending(_))) => Err(format!("{name} is pending")),
+            None => Err(format!("no allocation {name}")),
+        }
+    }
+
+    fn kill_switch(&self, name: &str) -> KillSwitch {
+        let (victims, name) = (self.victims.clone(), name.to_string());
+        Arc::new(move |_| victims.lock().expect("victims").push(name.clone()))
     }
 
     fn scheduler(&self) -> Result<&ResourceScheduler, String> {
@@ -112,6 +161,14 @@ impl Script {
                 let tree = trees
                     .tree(resource)
                     .ok_or_else(|| format!("no tree {resource}"))?;
+                if tree.unit == CostUnit::MemoryByte {
+                    self.memory = Some(match &self.memory {
+                        None => MemoryScheduler::new(tree),
+                        Some(old) => old.succeed(tree),
+                    });
+                    self.catalog = catalog;
+                    return Ok(vec!["ok".into()]);
+                }
                 self.scheduler = Some(match &self.scheduler {
                     None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
                     Some(old) => old.succeed(tree),
@@ -170,6 +227,57 @@ impl Script {
                     return Err(format!("{name} is not waiting"));
                 }
                 self.requests.retain(|(n, _)| n != name);
+                Ok(vec![])
+            }
+            ["allocate", name, workload, rest @ ..] => {
+                let size = match rest {
+                    [] => 0,
+                    [size] => parse_bytes(size).ok_or("allocate NAME WORKLOAD [SIZE]")?,
+                    _ => return Err("allocate NAME WORKLOAD [SIZE]".into()),
+                };
+                let kill = self.kill_switch(name);
+                let mut pending = self
+                    .memory()?
+                    .allocate(workload, size, kill)
+                    .map_err(|e| e.to_string())?;
+                let line = match poll_future(&mut pending) {
+                    Some(Ok(allocation)) => {
+                        self.allocations
+                            .push((name.to_string(), Memory::Running(allocation)));
+                        format!("{name}: admitted")
+                    }
+                    Some(Err(e)) => format!("{name}: {e}"),
+                    None => {
+                        self.allocations
+                            .push((name.to_string(), Memory::Pending(pending)));
+                        format!("{name}: waiting")
+                    }
+                };
+                Ok(vec![line])
+            }
+            ["grow", name, bytes] => {
+                let bytes = parse_bytes(bytes).ok_or("grow NAME BYTES")?;
+                Ok(match self.running(name)?.try_grow(bytes) {
+                    Ok(()) => vec![],
+                    Err(e) => vec![format!("{name}: {e}")],
+                })
+            }
+            ["shrink", name, bytes] => {
+                let bytes = parse_bytes(bytes).ok_or("shrink NAME BYTES")?;
+                self.running(name)?.shrink(bytes);
+                Ok(vec![])
+            }
+            ["free", name] => {
+                if !self.allocations.iter().any(|(n, _)| n == name) {
+                    return Err(format!("no allocation {name}"));
+                }
+                self.allocations.retain(|(n, _)| n != name);
+                Ok(vec![])
+            }
+            ["move", name, workload] if self.allocations.iter().any(|(n, _)| n == name) => {
+                self.running(name)?
+                    .move_to(workload)
+                    .map_err(|e| e.to_string())?;
                 Ok(vec![])
             }
             ["move", name, workload] => {
@@ -257,6 +365,9 @@ impl Script {
                 settle().await;
                 Ok(vec![])
             }
+            ["print"] if self.memory.is_some() && self.scheduler.is_none() => {
+                Ok(self.print_memory()?)
+            }
             ["print"] => Ok(self.print()?),
             _ => Err(format!("unknown command {words:?}")),
         }
@@ -283,7 +394,65 @@ impl Script {
             }
         }
         self.requests.retain(|(n, _)| !failed.contains(n));
+        let mut failed = Vec::new();
+        for (name, allocation) in &mut self.allocations {
+            let Memory::Pending(pending) = allocation else {
+                continue;
+            };
+            match poll_future(pending) {
+                Some(Ok(running)) => {
+                    out.push(format!("{name}: admitted"));
+                    *allocation = Memory::Running(running);
+                }
+                Some(Err(e)) => {
+                    out.push(format!("{name}: {e}"));
+                    failed.push(name.clone());
+                }
+                None => {}
+            }
+        }
+        let victims = std::mem::take(&mut *self.victims.lock().expect("victims"));
+        for name in &victims {
+            out.push(format!("{name}: evicted"));
+        }
+        self.allocations
+            .retain(|(n, _)| !failed.contains(n) && !victims.contains(n));
+        if !victims.is_empty() {
+            // What the victims' frees admitted.
+            out.extend(self.resolved());
+        }
         out
+    }
+
+    fn print_memory(&self) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for node in self.memory()?.nodes() {
+            let st = &node.stats;
+            let mut line = format!(
+                "{} {} allocated={} allocations={}",
+                node.path, node.type_name, node.allocated, node.allocations
+            );
+            if let Some(p) = node.pending {
+                line += &format!(" pending={p}");
+            }
+            line += &format!(
+                " admits={} removes={} increases={} decreases={} killers={} victims={} rejects={}",
+                st.admits,
+                st.removes,
+                st.increases,
+                st.decreases,
+                st.killers,
+                st.victims,
+                st.rejects
+            );
+            out.push(line);
+        }
+        for (name, allocation) in &self.allocations {
+            if let Memory::Running(a) = allocation {
+                out.push(format!("size {name}: {}", a.size()));
+            }
+        }
+        Ok(out)
     }
 
     fn print(&self) -> Result<Vec<String>, String> {
@@ -325,11 +494,31 @@ impl Script {
 }
 
 fn poll_once(acquire: &mut Acquire) -> Option<sluice_sql::Result<Permit>> {
+    poll_future(acquire)
+}
+
+fn poll_future<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
     let mut cx = Context::from_waker(Waker::noop());
-    match Pin::new(acquire).poll(&mut cx) {
+    match Pin::new(future).poll(&mut cx) {
         Poll::Ready(r) => Some(r),
         Poll::Pending => None,
     }
+}
+
+/// `100`, `64Ki`, `2Mi`, `1Gi`.
+fn parse_bytes(s: &str) -> Option<i64> {
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => s.split_at(at),
+        None => (s, ""),
+    };
+    let unit = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<i64>().ok()?.checked_mul(unit)
 }
 
 fn parse_duration(s: &str) -> Option<Duration> {
@@ -350,6 +539,8 @@ async fn settle() {
 
 /// One case of a script file.
 struct Case {
+    /// The comment lines just above it (kept by `REWRITE`).
+    comments: Vec<String>,
     command: String,
     body: Vec<String>,
     expected: Vec<String>,
@@ -358,8 +549,13 @@ struct Case {
 fn parse_cases(text: &str) -> Vec<Case> {
     let mut cases = Vec::new();
     let mut lines = text.lines().peekable();
+    let mut comments = Vec::new();
     while let Some(line) = lines.next() {
-        if line.trim().is_empty() || line.starts_with('#') {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line.starts_with('#') {
+            comments.push(line.to_string());
             continue;
         }
         let command = line.to_string();
@@ -379,6 +575,7 @@ fn parse_cases(text: &str) -> Vec<Case> {
             lines.next();
         }
         cases.push(Case {
+            comments: std::mem::take(&mut comments),
             command,
             body,
             expected,
@@ -388,16 +585,21 @@ fn parse_cases(text: &str) -> Vec<Case> {
 }
 
 fn render(cases: &[Case], outputs: &[Vec<String>], original: &str) -> String {
-    // Keep the file's leading comment block.
-    let mut out: String = original
+    // The file's leading comment block stands apart (a blank line after it).
+    let header: Vec<&str> = original
         .lines()
         .take_while(|l| l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
         .collect();
+    let mut out: String = header.iter().map(|l| format!("{l}\n")).collect();
     if !out.is_empty() {
         out.push('\n');
     }
-    for (case, output) in cases.iter().zip(outputs) {
+    for (i, (case, output)) in cases.iter().zip(outputs).enumerate() {
+        let skip = if i == 0 { header.len() } else { 0 };
+        for line in case.comments.iter().skip(skip) {
+            out += line;
+            out.push('\n');
+        }
         out += &case.command;
         out.push('\n');
         for line in &case.body {
@@ -411,6 +613,8 @@ fn render(cases: &[Case], outputs: &[Vec<String>], original: &str) -> String {
         }
         out.push('\n');
     }
+    out.truncate(out.trim_end().len());
+    out.push('\n');
     out
 }
 
