@@ -1,24 +1,36 @@
-//! CPU slot leases (`cpu_slot_preemption`): a statement's master thread holds its slot for a
-//! quantum of CPU time at a time, measured as CPU time (the thread CPU clock), not wall time.
+//! CPU slot leases (`cpu_slot_preemption`): each CPU slot a statement holds (its master
+//! thread's, and each worker thread's) is held for a quantum of CPU time at a time, measured
+//! as CPU time (the thread CPU clock), not wall time.
 //!
-//! Every leaf of the statement's physical plan (a scan, a `generate_series`) runs under a
-//! [`LeaseExec`], and each pull of a batch from a leaf is a batch boundary: the thread CPU time
-//! since the previous pull on the same thread (the operators above worked on that batch) and
-//! inside the pull (the leaf's own work) is added to the statement's meter. Once a quantum is
-//! used, the leaf asks the statement's [`CpuLease`] to renew, saying how much it used; the
-//! server charges that to the workload and grants the next quantum when the tree says it is
-//! the statement's turn. Until then the leaf answers `Pending`: the statement is preempted at
-//! a batch boundary, whatever operators sit above. Time between pulls is not counted when the
-//! task changed threads or waited (`Pending`), so other statements' work is never charged to
-//! this one; in a parallel plan, work in the tasks a repartition spawns is counted only as far
-//! as it happens between pulls on the same thread.
+//! The plan's work runs in several tasks: the one that pulls the root's partitions, and those
+//! that operators such as `RepartitionExec` and `CoalescePartitionsExec` spawn to drive their
+//! inputs' partitions. A [`LeaseExec`] sits over the root, over every input of a node that
+//! changes the partitioning (where such tasks start) and over every leaf (a catch-all for a
+//! task started elsewhere). The first leased stream a thread polls — the outermost, as a
+//! thread-local depth tells — meters the thread CPU time its poll takes (everything its task
+//! does in that poll, the operators below included) to the slot of its partition:
+//! [`CpuLease::slot_of`]`(p)`, slot `p` at first (the statement's parallelism is its slots).
+//! Leased streams polled inside it pass through, so nothing is counted twice. Each poll that
+//! gives a batch or waits is a boundary (an aggregate that consumes its input gives nothing
+//! until the end, but waits between input batches): once a slot has used a quantum, the
+//! stream asks the statement's [`CpuLease`] to renew that slot, saying how much it used; the server charges
+//! that to the workload and grants the next quantum when the tree says it is the statement's
+//! turn. Until then every task of that slot answers `Pending` at its outermost leased stream:
+//! the slot is preempted at a batch boundary. A task that waits for input (`Pending`) while
+//! others wait for a slot renews at once, charged what it used: it gives back a slot it is not
+//! using rather than hold it idle to the end of its quantum. A worker slot whose renewal waits too long is
+//! given up (the server's `cpu_slot_preemption_timeout_ms`): its partitions then run under the
+//! master's slot (`slot_of` answers 0 for them) — DataFusion cannot take partitions out of a
+//! running plan, so the statement downscales by folding their work onto the slots it keeps.
+//! Time outside the plan's polls (the server encoding rows, a task waiting) is not counted, so
+//! other statements' work is never charged to this one.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,13 +44,100 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::Stream;
 
-/// The lease on a statement's master thread.
+/// The leases on a statement's CPU slots: slot 0 is its master thread's, slots 1.. its worker
+/// threads'.
 #[async_trait]
 pub trait CpuLease: Send + Sync + std::fmt::Debug {
     /// CPU time a lease lasts before it is renewed.
     fn quantum(&self) -> Duration;
-    /// Gives the slot back, charged `used` CPU time, and waits for the next quantum.
-    async fn renew(&self, used: Duration) -> sluice_sql::Result<()>;
+    /// The slots the statement started with.
+    fn slots(&self) -> usize;
+    /// The slot partition `partition` of a leaf runs under now.
+    fn slot_of(&self, partition: usize) -> usize;
+    /// Whether anyone waits for a CPU slot now (then a task that waits for input renews
+    /// before its quantum is used, instead of holding a slot it does not use).
+    fn contended(&self) -> bool;
+    /// Gives slot `slot` back, charged `used` CPU time, and waits for its next quantum (or,
+    /// for a worker slot, gives it up when that takes too long: then `slot_of` no longer
+    /// answers `slot`).
+    async fn renew(&self, slot: usize, used: Duration) -> sluice_sql::Result<()>;
+}
+
+type Renewal =
+    futures::future::Shared<Pin<Box<dyn Future<Output = sluice_sql::Result<()>> + Send>>>;
+
+/// One slot's CPU nanoseconds since its last renewal, the renewal under way (which every task
+/// of the slot waits for), and how many of its tasks are runnable (polling, or given a batch
+/// and about to poll again) rather than waiting for input.
+#[derive(Default)]
+struct SlotMeter {
+    used: AtomicU64,
+    renewal: std::sync::Mutex<Option<(Renewal, Option<tokio::task::AbortHandle>)>>,
+    runnable: std::sync::atomic::AtomicUsize,
+}
+
+impl SlotMeter {
+    /// The renewal under way, if one is.
+    fn renewing(&self) -> Option<Renewal> {
+        let renewal = self.renewal.lock().unwrap_or_else(|p| p.into_inner());
+        renewal
+            .as_ref()
+            .map(|(r, _)| r)
+            .filter(|r| r.peek().is_none())
+            .cloned()
+    }
+
+    /// Starts renewing slot `slot`, charged `used`, in a task of its own (so that a slot given
+    /// back for an idle task is back in the tree at once, not when the task next wakes).
+    fn start_renewal(&self, lease: &Arc<dyn CpuLease>, slot: usize, used: Duration) -> Renewal {
+        let lease = lease.clone();
+        let work = async move { lease.renew(slot, used).await };
+        let (future, abort): (Pin<Box<dyn Future<Output = _> + Send>>, _) =
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let task = runtime.spawn(work);
+                    let abort = task.abort_handle();
+                    let joined = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(sluice_sql::Error::new(
+                                sluice_sql::ErrorCode::InternalError,
+                                format!("renewing a CPU slot failed: {e}"),
+                            ))
+                        })
+                    };
+                    (Box::pin(joined), Some(abort))
+                }
+                Err(_) => (Box::pin(work), None),
+            };
+        let shared = futures::FutureExt::shared(future);
+        *self.renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some((shared.clone(), abort));
+        shared
+    }
+}
+
+/// The meters of a statement's slots, shared by all its leased nodes.
+struct Meters {
+    slots: Vec<SlotMeter>,
+}
+
+impl Drop for Meters {
+    fn drop(&mut self) {
+        // The statement's plan is gone: a renewal still waiting would take a turn for nothing.
+        for slot in &self.slots {
+            let renewal = slot.renewal.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, Some(abort))) = renewal.as_ref() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Meters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meters")
+            .field("slots", &self.slots.len())
+            .finish()
+    }
 }
 
 /// CPU time the calling thread has used (zero where the clock cannot be read).
@@ -53,39 +152,67 @@ pub fn leased(
     plan: Arc<dyn ExecutionPlan>,
     lease: Arc<dyn CpuLease>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let meter = Arc::new(AtomicU64::new(0));
-    wrap(plan, &lease, &meter)
+    let meters = Arc::new(Meters {
+        slots: (0..lease.slots().max(1))
+            .map(|_| SlotMeter::default())
+            .collect(),
+    });
+
+    let plan = wrap(plan, &lease, &meters)?;
+    Ok(leased_node(plan, &lease, &meters))
 }
 
+fn leased_node(
+    plan: Arc<dyn ExecutionPlan>,
+    lease: &Arc<dyn CpuLease>,
+    meter: &Arc<Meters>,
+) -> Arc<dyn ExecutionPlan> {
+    Arc::new(LeaseExec {
+        input: plan,
+        lease: lease.clone(),
+        meter: meter.clone(),
+    })
+}
+
+/// `plan` with a [`LeaseExec`] over every leaf and every input where a task may start (the
+/// inputs of a node that changes the partitioning, as repartitions, merges and coalesces do).
 fn wrap(
     plan: Arc<dyn ExecutionPlan>,
     lease: &Arc<dyn CpuLease>,
-    meter: &Arc<AtomicU64>,
+    meter: &Arc<Meters>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
     let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
     if children.is_empty() {
-        return Ok(Arc::new(LeaseExec {
-            input: plan,
-            lease: lease.clone(),
-            meter: meter.clone(),
-        }));
+        return Ok(leased_node(plan, lease, meter));
     }
+    let partitions = plan.properties().output_partitioning().partition_count();
+    let spawns = plan.name() == "RepartitionExec";
     let wrapped = children
         .into_iter()
-        .map(|c| wrap(c, lease, meter))
+        .map(|c| {
+            let task_starts =
+                spawns || c.properties().output_partitioning().partition_count() != partitions;
+            let c = wrap(c, lease, meter)?;
+            let already = c.name() == "LeaseExec";
+            Ok(if task_starts && !already {
+                leased_node(c, lease, meter)
+            } else {
+                c
+            })
+        })
         .collect::<DfResult<Vec<_>>>()?;
     #[expect(deprecated)]
     plan.with_new_children(wrapped)
 }
 
-/// A leaf of a leased statement: its batches, with the statement's CPU time metered and its
-/// lease renewed between them (see the module docs).
+/// A node of a leased statement where a task may start: its batches, with the CPU time of the
+/// task's polls metered to a slot and the slot renewed between them (see the module docs).
 #[derive(Debug)]
 pub struct LeaseExec {
     input: Arc<dyn ExecutionPlan>,
     lease: Arc<dyn CpuLease>,
-    /// CPU nanoseconds the statement used since its last renewal, shared by all its leaves.
-    meter: Arc<AtomicU64>,
+    /// The statement's slot meters, shared by all its leaves.
+    meter: Arc<Meters>,
 }
 
 impl DisplayAs for LeaseExec {
@@ -134,74 +261,207 @@ impl ExecutionPlan for LeaseExec {
         Ok(Box::pin(LeasedStream {
             schema: input.schema(),
             input,
+            partition,
             lease: self.lease.clone(),
-            meter: self.meter.clone(),
-            last: None,
+            meters: self.meter.clone(),
             renewing: None,
+            runnable_in: None,
         }))
     }
 }
 
-type Renewal = Pin<Box<dyn Future<Output = sluice_sql::Result<()>> + Send>>;
-
 struct LeasedStream {
     schema: SchemaRef,
     input: SendableRecordBatchStream,
+    partition: usize,
     lease: Arc<dyn CpuLease>,
-    meter: Arc<AtomicU64>,
-    /// The thread and its CPU clock when the last batch left this leaf.
-    last: Option<(ThreadId, Duration)>,
+    meters: Arc<Meters>,
+    /// The renewal of its slot this partition waits for.
     renewing: Option<Renewal>,
+    /// The slot it counts as runnable in, while it does.
+    runnable_in: Option<usize>,
+}
+
+impl Drop for LeasedStream {
+    fn drop(&mut self) {
+        self.set_runnable(None);
+    }
+}
+
+thread_local! {
+    /// How many leased streams this thread is inside the poll of.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The thread CPU clock when the outermost one's poll began.
+    static POLL_START: Cell<Option<Duration>> = const { Cell::new(None) };
+}
+
+/// Whether the outermost leased poll on this thread has run a quantum of CPU time.
+fn quantum_spent(quantum: Duration) -> bool {
+    POLL_START
+        .with(Cell::get)
+        .is_some_and(|start| thread_cpu_time().saturating_sub(start) >= quantum)
+}
+
+/// Inside a leased stream's poll until dropped (also on unwinding).
+struct Inside;
+
+impl Inside {
+    /// Enters a poll; says whether it is the outermost on this thread.
+    fn enter() -> (Inside, bool) {
+        let depth = DEPTH.with(|d| {
+            let depth = d.get();
+            d.set(depth + 1);
+            depth
+        });
+        (Inside, depth == 0)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
     d.as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
+impl LeasedStream {
+    /// The slot this partition runs under now.
+    fn slot(&self) -> usize {
+        let slot = self.lease.slot_of(self.partition);
+        if slot < self.meters.slots.len() {
+            slot
+        } else {
+            0
+        }
+    }
+
+    /// Counts this task runnable in `slot`, or in none.
+    fn set_runnable(&mut self, slot: Option<usize>) {
+        if self.runnable_in == slot {
+            return;
+        }
+        if let Some(old) = self.runnable_in {
+            self.meters.slots[old]
+                .runnable
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(new) = slot {
+            self.meters.slots[new]
+                .runnable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.runnable_in = slot;
+    }
+
+    /// Renews `slot` if it used its quantum — or, while others wait for a slot, if this task
+    /// now waits for input (it is not using the slot). Then also gives back every other slot
+    /// of the statement whose tasks all wait for input: a task that went idle before anyone
+    /// waited would otherwise hold its slot until it wakes.
+    fn maybe_renew(&mut self, slot: usize, waits: bool, cx: &mut Context<'_>) -> DfResult<()> {
+        let contended = waits && self.lease.contended();
+        let quantum = if contended {
+            1
+        } else {
+            nanos(self.lease.quantum())
+        };
+        let meter = &self.meters.slots[slot];
+        if meter.used.load(Ordering::Relaxed) < quantum {
+            return Ok(());
+        }
+        let spent = meter.used.swap(0, Ordering::Relaxed);
+        if spent < quantum {
+            meter.used.fetch_add(spent, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut renewal = meter.start_renewal(&self.lease, slot, Duration::from_nanos(spent));
+        if contended || self.lease.contended() {
+            for (other, meter) in self.meters.slots.iter().enumerate() {
+                let idle = meter.runnable.load(Ordering::Relaxed) == 0;
+                if other != slot && idle && meter.renewing().is_none() {
+                    let used = Duration::from_nanos(meter.used.swap(0, Ordering::Relaxed));
+                    // It runs in its own task; the slot's tasks find it when they wake.
+                    drop(meter.start_renewal(&self.lease, other, used));
+                }
+            }
+        }
+        if waits {
+            // Polled now so that its grant wakes this task (the input's wake-up comes too;
+            // the next poll waits for the renewal first). A completed clone must not be polled
+            // again: kept only while it waits.
+            match Pin::new(&mut renewal).poll(cx) {
+                Poll::Pending => self.renewing = Some(renewal),
+                Poll::Ready(result) => {
+                    result.map_err(|e| DataFusionError::External(Box::new(e)))?
+                }
+            }
+        } else {
+            self.renewing = Some(renewal);
+        }
+        Ok(())
+    }
+}
+
 impl Stream for LeasedStream {
     type Item = DfResult<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let (_inside, outermost) = Inside::enter();
+        if !outermost {
+            // Metered (and preempted) by the stream its task polled first. An operator that
+            // pulls batch after batch in one poll (an aggregate over a generator) would hold
+            // the thread, its slot and the runtime's timers for the whole input: once the poll
+            // has run a quantum, yield (woken at once), so the outermost stream renews.
+            if quantum_spent(self.lease.quantum()) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            return self.input.as_mut().poll_next(cx);
+        }
+        let slot = self.slot();
+        self.set_runnable(Some(slot));
+        if self.renewing.is_none() {
+            // Another task of the slot may be renewing it: wait with it.
+            self.renewing = self.meters.slots[slot].renewing();
+        }
         if let Some(renewal) = self.renewing.as_mut() {
-            match renewal.as_mut().poll(cx) {
+            match Pin::new(renewal).poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(result) => {
                     self.renewing = None;
-                    self.last = None; // the wait is not this statement's CPU
                     if let Err(e) = result {
                         return Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))));
                     }
                 }
             }
         }
-        let thread = std::thread::current().id();
+        let slot = self.slot();
+        self.set_runnable(Some(slot));
         let start = thread_cpu_time();
-        if let Some((t, at)) = self.last {
-            if t == thread {
-                self.meter
-                    .fetch_add(nanos(start.saturating_sub(at)), Ordering::Relaxed);
-            }
-        }
+        POLL_START.with(|s| s.set(Some(start)));
         let out = self.input.as_mut().poll_next(cx);
+        POLL_START.with(|s| s.set(None));
         let end = thread_cpu_time();
-        self.meter
+        self.meters.slots[slot]
+            .used
             .fetch_add(nanos(end.saturating_sub(start)), Ordering::Relaxed);
-        match &out {
-            Poll::Ready(Some(Ok(_))) => {
-                self.last = Some((thread, end));
-                let quantum = nanos(self.lease.quantum());
-                if self.meter.load(Ordering::Relaxed) >= quantum {
-                    let spent = self.meter.swap(0, Ordering::Relaxed);
-                    if spent >= quantum {
-                        let lease = self.lease.clone();
-                        let used = Duration::from_nanos(spent);
-                        self.renewing = Some(Box::pin(async move { lease.renew(used).await }));
-                    } else {
-                        self.meter.fetch_add(spent, Ordering::Relaxed);
-                    }
-                }
+        // A batch given, or a wait (an aggregate consuming its input gives nothing until the
+        // end, but it waits between input batches): either is a boundary to renew at.
+        let renewed = match &out {
+            Poll::Ready(Some(Ok(_))) => self.maybe_renew(slot, false, cx),
+            Poll::Pending => {
+                self.set_runnable(None);
+                self.maybe_renew(slot, true, cx)
             }
-            _ => self.last = None,
+            _ => {
+                self.set_runnable(None);
+                Ok(())
+            }
+        };
+        if let Err(e) = renewed {
+            return Poll::Ready(Some(Err(e)));
         }
         out
     }

@@ -515,6 +515,7 @@ mod demotion_tests {
                     .metrics
                     .series(resource, workload)
                     .admitted(Duration::ZERO),
+                cpu_slot: None,
             });
         }
         let grant = Arc::new(Mutex::new(Grant {

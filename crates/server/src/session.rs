@@ -1019,6 +1019,7 @@ impl Connection {
                 resource: resource.clone(),
                 permit,
                 in_flight: series.admitted(arrived.elapsed()),
+                cpu_slot: None,
             });
             guard.waiting_for(None);
             next = resources.next();
@@ -1152,6 +1153,7 @@ impl Connection {
             .await?;
         if cpu_scheduled {
             let master: Vec<_> = snapshot.master().into_iter().collect();
+            let before = attachments.len();
             self.wait_for_slots(
                 &master,
                 &guard,
@@ -1162,6 +1164,11 @@ impl Connection {
                 notices,
             )
             .await?;
+            if attachments.len() > before {
+                if let Some(slot) = attachments.last_mut() {
+                    slot.cpu_slot = Some(0);
+                }
+            }
         }
         // Worker threads: as many as are free now, up to max_threads - 1, never waited for
         // (reference §4.8); the statement's parallelism is the threads it holds.
@@ -1182,6 +1189,7 @@ impl Connection {
                         resource: resource.clone(),
                         permit,
                         in_flight: series.held(),
+                        cpu_slot: Some(threads),
                     });
                     threads += 1;
                 }

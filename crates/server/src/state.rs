@@ -206,6 +206,9 @@ pub struct Attachment {
     pub resource: String,
     pub permit: sluice_sched::Permit,
     pub in_flight: crate::metrics::Gauge,
+    /// The CPU slot it is of the statement's (0: the master thread's, 1..: worker threads'),
+    /// for the slot leases of `cpu_slot_preemption`; `None` for other resources.
+    pub cpu_slot: Option<usize>,
 }
 
 /// A statement running or waiting, for `system.processes`.

@@ -233,12 +233,20 @@ async fn cpu_weights_share_slot_grants_three_to_one() {
 
 /// A server with `cpu_slot_preemption` on (10 ms quanta) and `ddl` applied.
 async fn preemptive(ddl: &str) -> (tempfile::TempDir, TestServer, tokio_postgres::Client) {
+    preemptive_with(ddl, 1000).await
+}
+
+/// The same, with worker slots given up after `timeout_ms` preempted.
+async fn preemptive_with(
+    ddl: &str,
+    timeout_ms: u64,
+) -> (tempfile::TempDir, TestServer, tokio_postgres::Client) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(sluice_server::ServerOptions {
         cpu_slots: sluice_server::CpuSlotOptions {
             preemption: true,
             quantum_ns: 10_000_000,
-            preemption_timeout_ms: 1000,
+            preemption_timeout_ms: timeout_ms,
         },
         ..sluice_server::ServerOptions::new(
             dir.path(),
@@ -356,5 +364,77 @@ async fn max_cpus_throttles_cpu_time() {
     .await;
     assert_eq!(throttled, ["t"]);
     running.abort();
+    server.stop().await;
+}
+
+/// With preemption, a worker slot whose renewal waits longer than
+/// `cpu_slot_preemption_timeout_ms` is given up (the statement downscales), while its master
+/// slot waits as long as it takes: a low-priority statement holding both slots of the tree is
+/// starved by two high-priority ones; once they are done it runs on, with one slot, to the
+/// right answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_worker_slot_is_given_up_after_the_timeout() {
+    let (_dir, server, admin) = preemptive_with(
+        "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all SETTINGS max_concurrent_threads = 2;
+         CREATE WORKLOAD low IN all SETTINGS priority = 1;
+         CREATE WORKLOAD high IN all SETTINGS priority = 0",
+        200,
+    )
+    .await;
+    let threads = "SELECT threads FROM system.processes WHERE workload = 'low'";
+    let long = spawn_query(
+        &server,
+        "SELECT sum(g % 7) FROM generate_series(1, 60000000) AS t(g) \
+         SETTINGS workload = 'low', max_threads = 2",
+    )
+    .await;
+    until(&admin, threads, "2").await;
+    let mut urgent = Vec::new();
+    for _ in 0..2 {
+        urgent.push(
+            spawn_query(
+                &server,
+                "SELECT sum(g % 7) FROM generate_series(1, 5000000) AS t(g) \
+                 SETTINGS workload = 'high', max_threads = 1",
+            )
+            .await,
+        );
+    }
+    for query in urgent {
+        tokio::time::timeout(Duration::from_secs(120), query)
+            .await
+            .expect("the urgent statements end")
+            .expect("task")
+            .expect("runs");
+    }
+    // Alone again, the long statement holds its master slot only: the worker slot it was
+    // starved of for more than 200 ms is gone for good.
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        seen.extend(column(&admin, threads).await);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        !seen.is_empty(),
+        "the long statement must outlast the urgent ones; make it longer"
+    );
+    assert!(
+        seen.iter().all(|t| t == "0" || t == "1"),
+        "threads: {seen:?}"
+    );
+    assert!(seen.iter().any(|t| t == "1"), "threads: {seen:?}");
+    let rows = tokio::time::timeout(Duration::from_secs(300), long)
+        .await
+        .expect("the long statement ends")
+        .expect("task")
+        .expect("runs");
+    // sum of g % 7 for g in 1..=60,000,000: 8,571,428 full cycles of 21, then 1+2+3+4.
+    let sum = rows.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    });
+    assert_eq!(sum.as_deref(), Some("179999998"));
+    assert_nothing_held(&admin).await;
     server.stop().await;
 }
