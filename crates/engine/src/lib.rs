@@ -99,8 +99,8 @@ pub struct ExecuteOptions {
     /// Where its memory is counted besides the engine's pool (its workload's allocation,
     /// `max_memory_usage`); `None`: the engine's pool only.
     pub memory: Option<std::sync::Arc<dyn memory::MemoryCharge>>,
-    /// Its master thread's lease, renewed between batches each time a quantum of CPU time is
-    /// used (`cpu_slot_preemption`); `None`: the slot is held until the statement ends.
+    /// The leases on its CPU slots, each renewed at a batch boundary every quantum of CPU time
+    /// its tasks use (`cpu_slot_preemption`); `None`: slots are held until the statement ends.
     pub cpu: Option<std::sync::Arc<dyn cpu::CpuLease>>,
 }
 

@@ -11,8 +11,8 @@
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight.
 //! - [`disks`]: which disk a file is on, and the gate a statement's file IO waits at.
-//!   [`memory`]: a statement's memory as its workload counts it. [`lease`]: its master
-//!   thread's lease under `cpu_slot_preemption`.
+//!   [`memory`]: a statement's memory as its workload counts it. [`lease`]: its CPU slots'
+//!   leases under `cpu_slot_preemption` (renewal, downscaling).
 //! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
 //!   [`error`]: the one mapping of errors to SQLSTATE and message.
 //!
