@@ -73,6 +73,30 @@ fn benches(c: &mut Criterion) {
     );
     c.bench_function("admission/five_levels", |b| b.iter(|| admit(&five, "fast")));
 
+    // The same path on a busy tree: a request waits elsewhere (dev, held at its cap), so every
+    // admission takes the queue — enqueue, a walk down through the dispatch, a channel.
+    let busy = scheduler(
+        "CREATE RESOURCE q (QUERY);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
+         CREATE WORKLOAD prod IN all SETTINGS priority = 0, max_concurrent_queries = 500;
+         CREATE WORKLOAD dev IN all SETTINGS priority = 1, max_concurrent_queries = 1;
+         CREATE WORKLOAD analytics IN prod SETTINGS weight = 3;
+         CREATE WORKLOAD etl IN prod;
+         CREATE WORKLOAD reports IN analytics SETTINGS max_concurrent_queries = 100;
+         CREATE WORKLOAD adhoc IN analytics;
+         CREATE WORKLOAD fast IN reports SETTINGS priority = 0, max_waiting_queries = 1000;
+         CREATE WORKLOAD slow IN reports SETTINGS priority = 1",
+    );
+    let mut held = busy.acquire("dev", 1).expect("enqueues");
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Ok(_held_permit)) = Pin::new(&mut held).poll(&mut cx) else {
+        panic!("dev's first request is granted")
+    };
+    let _waiting = busy.acquire("dev", 1).expect("enqueues");
+    c.bench_function("admission/five_levels_busy_tree", |b| {
+        b.iter(|| admit(&busy, "fast"))
+    });
+
     // Two threads admitting into sibling leaves at once: the per-resource lock contended.
     c.bench_function("admission/lanes/two_threads_contending", |b| {
         b.iter_custom(|iters| {

@@ -242,6 +242,8 @@ struct State {
     /// Bumped whenever a request leaves a queue and before every walk of the tree: the
     /// memoised [`is_active`] answers of an older epoch are stale.
     epoch: u64,
+    /// Whether the tree has a `bandwidth_limit` (otherwise no timer is ever armed).
+    throttled: bool,
     /// Tests compare the idle-tree shortcut ([`grant_idle`]) with the queue it skips.
     idle_grants_off: bool,
     next_id: u64,
@@ -291,6 +293,7 @@ impl ResourceScheduler {
             granted_now: None,
             epoch: 0,
             idle_grants_off: false,
+            throttled: false,
             next_id: 0,
             wake_at: None,
             successor: None,
@@ -305,6 +308,7 @@ impl ResourceScheduler {
                 while let Some(n) = at {
                     if matches!(state.nodes[n].kind, RtKind::Bandwidth { .. }) {
                         state.nodes[leaf].throttled = true;
+                        state.throttled = true;
                     }
                     at = state.nodes[n].parent;
                 }
@@ -788,6 +792,9 @@ impl Shared {
 
     fn arm_timer(self: &Arc<Self>, state: &mut State, now: Instant) {
         let Some(runtime) = &self.runtime else { return };
+        if !state.throttled {
+            return; // no bandwidth_limit in the tree: nothing refills
+        }
         let Some(at) = next_refill(state, 0, now) else {
             return;
         };
