@@ -59,34 +59,26 @@ fn benches(c: &mut Criterion) {
 
     // Five workload levels, each with what a platform team sets: a cap, priorities, weights,
     // a queue limit at the leaf (the issue-11 target is for this path: ≤ 250 ns).
-    let five = scheduler(
-        "CREATE RESOURCE q (QUERY);
-         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
-         CREATE WORKLOAD prod IN all SETTINGS priority = 0, max_concurrent_queries = 500;
-         CREATE WORKLOAD dev IN all SETTINGS priority = 1;
-         CREATE WORKLOAD analytics IN prod SETTINGS weight = 3;
-         CREATE WORKLOAD etl IN prod;
-         CREATE WORKLOAD reports IN analytics SETTINGS max_concurrent_queries = 100;
-         CREATE WORKLOAD adhoc IN analytics;
-         CREATE WORKLOAD fast IN reports SETTINGS priority = 0, max_waiting_queries = 1000;
-         CREATE WORKLOAD slow IN reports SETTINGS priority = 1",
-    );
+    let five_levels = |dev: &str| {
+        scheduler(&format!(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
+             CREATE WORKLOAD prod IN all SETTINGS priority = 0, max_concurrent_queries = 500;
+             CREATE WORKLOAD dev IN all SETTINGS priority = 1{dev};
+             CREATE WORKLOAD analytics IN prod SETTINGS weight = 3;
+             CREATE WORKLOAD etl IN prod;
+             CREATE WORKLOAD reports IN analytics SETTINGS max_concurrent_queries = 100;
+             CREATE WORKLOAD adhoc IN analytics;
+             CREATE WORKLOAD fast IN reports SETTINGS priority = 0, max_waiting_queries = 1000;
+             CREATE WORKLOAD slow IN reports SETTINGS priority = 1"
+        ))
+    };
+    let five = five_levels("");
     c.bench_function("admission/five_levels", |b| b.iter(|| admit(&five, "fast")));
 
     // The same path on a busy tree: a request waits elsewhere (dev, held at its cap), so every
     // admission takes the queue — enqueue, a walk down through the dispatch, a channel.
-    let busy = scheduler(
-        "CREATE RESOURCE q (QUERY);
-         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
-         CREATE WORKLOAD prod IN all SETTINGS priority = 0, max_concurrent_queries = 500;
-         CREATE WORKLOAD dev IN all SETTINGS priority = 1, max_concurrent_queries = 1;
-         CREATE WORKLOAD analytics IN prod SETTINGS weight = 3;
-         CREATE WORKLOAD etl IN prod;
-         CREATE WORKLOAD reports IN analytics SETTINGS max_concurrent_queries = 100;
-         CREATE WORKLOAD adhoc IN analytics;
-         CREATE WORKLOAD fast IN reports SETTINGS priority = 0, max_waiting_queries = 1000;
-         CREATE WORKLOAD slow IN reports SETTINGS priority = 1",
-    );
+    let busy = five_levels(", max_concurrent_queries = 1");
     let mut held = busy.acquire("dev", 1).expect("enqueues");
     let mut cx = Context::from_waker(Waker::noop());
     let Poll::Ready(Ok(_held_permit)) = Pin::new(&mut held).poll(&mut cx) else {

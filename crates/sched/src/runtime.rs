@@ -609,16 +609,8 @@ impl ResourceScheduler {
                 throughput: n.rate,
                 budget: queue_cost.map(|_| 0),
                 queue_cost,
-                is_satisfied: match n.kind {
-                    RtKind::Inflight {
-                        max_requests,
-                        max_cost,
-                        requests,
-                        cost,
-                    } => Some(requests < max_requests && cost < max_cost),
-                    RtKind::Bandwidth { tokens, .. } => Some(tokens >= 0.0),
-                    _ => None,
-                },
+                is_satisfied: matches!(n.kind, RtKind::Inflight { .. } | RtKind::Bandwidth { .. })
+                    .then(|| lets_through(&n.kind)),
             });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
@@ -975,10 +967,10 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
     active
 }
 
-fn compute_active(state: &mut State, n: usize, now: Instant) -> bool {
-    refill(&mut state.nodes[n].kind, now);
-    let satisfied = match &state.nodes[n].kind {
-        RtKind::Queue { queue, .. } => return !queue.is_empty(),
+/// Whether a constraint (`inflight_limit`, `bandwidth_limit`) lets a request through now;
+/// true for every other kind of node.
+fn lets_through(kind: &RtKind) -> bool {
+    match kind {
         RtKind::Inflight {
             max_requests,
             max_cost,
@@ -986,9 +978,17 @@ fn compute_active(state: &mut State, n: usize, now: Instant) -> bool {
             cost,
         } => requests < max_requests && cost < max_cost,
         RtKind::Bandwidth { tokens, .. } => *tokens >= 0.0,
-        RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
-    };
-    if !satisfied {
+        RtKind::Queue { .. } | RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
+    }
+}
+
+fn compute_active(state: &mut State, n: usize, now: Instant) -> bool {
+    refill(&mut state.nodes[n].kind, now);
+    let kind = &state.nodes[n].kind;
+    if let RtKind::Queue { queue, .. } = kind {
+        return !queue.is_empty();
+    }
+    if !lets_through(kind) {
         return false;
     }
     (0..state.nodes[n].children.len()).any(|i| {
@@ -1070,14 +1070,7 @@ fn grant_idle(state: &mut State, leaf: usize, cost: i64, now: Option<Instant>) -
         let open = match &node.kind {
             // Enqueue would refuse it (a limit of zero waiters): let it.
             RtKind::Queue { max_queued, .. } => *max_queued > 0,
-            RtKind::Inflight {
-                max_requests,
-                max_cost,
-                requests,
-                cost,
-            } => requests < max_requests && cost < max_cost,
-            RtKind::Bandwidth { tokens, .. } => *tokens >= 0.0,
-            RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
+            kind => lets_through(kind),
         };
         if !open {
             return None;
