@@ -8,7 +8,9 @@
 //!
 //! Modules: [`embedded`] (the engine, its sessions and its runtime), [`cache`] (the plan cache),
 //! [`compat`] (what Postgres clients expect where DataFusion differs), [`functions`]
-//! (`pg_sleep`), [`error`] (the one mapping of DataFusion's errors to sluice's).
+//! (`pg_sleep`), [`error`] (the one mapping of DataFusion's errors to sluice's), [`upstream`]
+//! (the upstream database's wire, for upstream mode: a Postgres-protocol client that keeps
+//! every message as it came).
 //!
 //! Invariants:
 //! - Statements are planned and run on the engine's own threads, never on the caller's runtime
@@ -40,6 +42,7 @@ pub mod error;
 pub mod functions;
 pub mod io;
 pub mod memory;
+pub mod upstream;
 
 use std::pin::Pin;
 

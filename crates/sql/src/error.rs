@@ -45,6 +45,8 @@ pub enum ErrorCode {
     CorruptedData,
     /// A failure of sluice itself (I/O, a broken data dir): not the user's input.
     InternalError,
+    /// The upstream database cannot be reached or talked to (upstream mode).
+    AllConnectionTriesFailed,
 }
 
 impl ErrorCode {
@@ -83,6 +85,7 @@ impl ErrorCode {
             ErrorCode::Aborted => "ABORTED",
             ErrorCode::CorruptedData => "CORRUPTED_DATA",
             ErrorCode::InternalError => "LOGICAL_ERROR",
+            ErrorCode::AllConnectionTriesFailed => "ALL_CONNECTION_TRIES_FAILED",
         }
     }
 
@@ -119,6 +122,7 @@ impl ErrorCode {
             ErrorCode::Aborted => 236,
             ErrorCode::CorruptedData => 246,
             ErrorCode::InternalError => 49,
+            ErrorCode::AllConnectionTriesFailed => 279,
         }
     }
 
@@ -154,6 +158,7 @@ impl ErrorCode {
             ErrorCode::QueryWasCancelled | ErrorCode::TimeoutExceeded => "57014",
             ErrorCode::CorruptedData => "XX001",
             ErrorCode::InternalError => "XX000",
+            ErrorCode::AllConnectionTriesFailed => "08006",
         }
     }
 }

@@ -1,0 +1,586 @@
+//! The upstream's wire (issue 12, first part): a client of the Postgres protocol that keeps
+//! what the upstream says as it said it. Upstream mode forwards statements to a Postgres-wire
+//! database and relays its answers to the client at the message level — rows are never decoded
+//! into values and encoded again — so this client hands out each backend message as a
+//! [`Frame`]: its type byte and its body, the bytes that came. It interprets only what it must
+//! to hold a connection: start-up, authentication (trust, cleartext password, MD5, SCRAM-SHA-256
+//! without channel binding), the parameters and cancel key the server announces, and the end
+//! of each response (`ReadyForQuery`, with the transaction status).
+//!
+//! Failures to reach or talk to the upstream are ALL_CONNECTION_TRIES_FAILED (SQLSTATE 08006)
+//! with a message naming the upstream (`host:port`), so a client can tell them from its own
+//! statement's errors; an error the upstream sends during start-up (a wrong password, an
+//! unknown database) is relayed with its own SQLSTATE and message.
+//!
+//! Not here yet (see the issue's note): TLS to the upstream (`sslmode=require` is refused with
+//! a message saying so; `disable` and `prefer` connect in plain text), the pool, the engine
+//! interface that forwards statements.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl;
+use postgres_protocol::message::{backend, frontend};
+use sluice_sql::{Error, ErrorCode, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The largest backend message accepted (PostgreSQL's own limit on a field is 1 GB).
+const MAX_FRAME: usize = 1 << 30;
+
+/// Where the upstream is and who sluice is there: `postgres://user[:password]@host[:port]/db
+/// [?sslmode=disable|prefer|require&connect_timeout=SECONDS]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub sslmode: SslMode,
+    pub connect_timeout: Duration,
+}
+
+/// The URL's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+}
+
+impl fmt::Debug for UpstreamUrl {
+    // Never the password: URLs end up in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "postgres://{}@{}:{}/{}",
+            self.user, self.host, self.port, self.database
+        )
+    }
+}
+
+fn bad_url(url: &str, why: &str) -> Error {
+    // The password, if any, stays out of the message.
+    let shown = url::Url::parse(url)
+        .map(|mut u| {
+            let _ = u.set_password(None);
+            u.to_string()
+        })
+        .unwrap_or_else(|_| "the upstream URL".to_string());
+    Error::new(
+        ErrorCode::BadArguments,
+        format!("Invalid upstream URL {shown}: {why}; expected postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require]"),
+    )
+}
+
+impl UpstreamUrl {
+    pub fn parse(text: &str) -> Result<UpstreamUrl> {
+        let url = url::Url::parse(text).map_err(|e| bad_url(text, &e.to_string()))?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(bad_url(text, &format!("the scheme is '{}'", url.scheme())));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad_url(text, "no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        let user = decode(url.username());
+        if user.is_empty() {
+            return Err(bad_url(text, "no user"));
+        }
+        let database = decode(url.path().trim_start_matches('/'));
+        let mut out = UpstreamUrl {
+            host,
+            port: url.port().unwrap_or(5432),
+            password: url.password().map(decode),
+            database: if database.is_empty() {
+                user.clone()
+            } else {
+                database
+            },
+            user,
+            sslmode: SslMode::Prefer,
+            connect_timeout: Duration::from_secs(10),
+        };
+        for (key, value) in url.query_pairs() {
+            match (key.as_ref(), value.as_ref()) {
+                ("sslmode", "disable") => out.sslmode = SslMode::Disable,
+                ("sslmode", "allow" | "prefer") => out.sslmode = SslMode::Prefer,
+                ("sslmode", "require" | "verify-ca" | "verify-full") => {
+                    out.sslmode = SslMode::Require
+                }
+                ("connect_timeout", seconds) => {
+                    let seconds: u64 = seconds
+                        .parse()
+                        .map_err(|_| bad_url(text, "connect_timeout is not a number of seconds"))?;
+                    out.connect_timeout = Duration::from_secs(seconds.max(1));
+                }
+                ("application_name", _) => {}
+                (other, _) => {
+                    return Err(bad_url(text, &format!("unknown parameter '{other}'")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `host:port`, as errors name the upstream.
+    pub fn address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// One backend message as the upstream sent it: its type byte and its body (without the
+/// length word).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub tag: u8,
+    pub body: Bytes,
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Frame({:?}, {} bytes)",
+            self.tag as char,
+            self.body.len()
+        )
+    }
+}
+
+impl Frame {
+    /// The message parsed (for what sluice itself must read: errors, statuses, keys).
+    pub fn parse(&self) -> Result<backend::Message> {
+        let mut buf = BytesMut::with_capacity(self.body.len() + 5);
+        buf.extend_from_slice(&[self.tag]);
+        buf.extend_from_slice(&(self.body.len() as i32 + 4).to_be_bytes());
+        buf.extend_from_slice(&self.body);
+        backend::Message::parse(&mut buf)
+            .ok()
+            .flatten()
+            .ok_or_else(|| protocol_error(&format!("a malformed '{}' message", self.tag as char)))
+    }
+
+    /// The fields of an ErrorResponse or NoticeResponse, by their one-byte codes.
+    pub fn fields(&self) -> Vec<(u8, String)> {
+        let mut out = Vec::new();
+        let mut body = &self.body[..];
+        while let Some((&code, rest)) = body.split_first() {
+            if code == 0 {
+                break;
+            }
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            out.push((code, String::from_utf8_lossy(&rest[..end]).into_owned()));
+            body = rest.get(end + 1..).unwrap_or_default();
+        }
+        out
+    }
+
+    /// An ErrorResponse as sluice's error: its SQLSTATE and message kept (in the message,
+    /// since sluice's errors carry ClickHouse codes), for failures during start-up.
+    fn upstream_error(&self, address: &str) -> Error {
+        let fields = self.fields();
+        let get = |c: u8| {
+            fields
+                .iter()
+                .find(|(k, _)| *k == c)
+                .map(|(_, v)| v.as_str())
+        };
+        Error::new(
+            ErrorCode::AllConnectionTriesFailed,
+            format!(
+                "The upstream {address} refused the connection: {} (SQLSTATE {})",
+                get(b'M').unwrap_or("no message"),
+                get(b'C').unwrap_or("?")
+            ),
+        )
+    }
+}
+
+fn protocol_error(what: &str) -> Error {
+    Error::new(
+        ErrorCode::AllConnectionTriesFailed,
+        format!("The upstream broke the protocol: {what}"),
+    )
+}
+
+/// How to cancel what a connection runs: PostgreSQL's CancelRequest, sent on a connection of
+/// its own to where the connection is.
+#[derive(Debug, Clone)]
+pub struct CancelToken {
+    address: String,
+    process_id: i32,
+    secret_key: i32,
+}
+
+impl CancelToken {
+    /// Asks the upstream to cancel the statement running on the connection, if any.
+    pub async fn cancel(&self) -> Result<()> {
+        let mut stream = TcpStream::connect(&self.address)
+            .await
+            .map_err(|e| unreachable(&self.address, &e.to_string()))?;
+        let mut buf = BytesMut::new();
+        frontend::cancel_request(self.process_id, self.secret_key, &mut buf);
+        stream
+            .write_all(&buf)
+            .await
+            .map_err(|e| unreachable(&self.address, &e.to_string()))?;
+        // The upstream closes the connection once it has read the request.
+        let _ = stream.read(&mut [0u8; 1]).await;
+        Ok(())
+    }
+}
+
+fn unreachable(address: &str, why: &str) -> Error {
+    Error::new(
+        ErrorCode::AllConnectionTriesFailed,
+        format!("The upstream {address} is unreachable: {why}"),
+    )
+}
+
+/// One connection to the upstream, authenticated and ready for a statement.
+#[derive(Debug)]
+pub struct UpstreamConnection {
+    address: String,
+    stream: TcpStream,
+    read: BytesMut,
+    /// The run-time parameters the upstream announced (`server_version`, `TimeZone`, …), in
+    /// order, updated as ParameterStatus messages pass.
+    pub parameters: Vec<(String, String)>,
+    cancel: Option<CancelToken>,
+    /// The transaction status of the last ReadyForQuery: `I` idle, `T` in a transaction, `E`
+    /// in a failed one.
+    pub transaction: u8,
+}
+
+impl UpstreamConnection {
+    /// Connects to `url` and authenticates as its user, within its `connect_timeout`.
+    pub async fn connect(url: &UpstreamUrl) -> Result<UpstreamConnection> {
+        let address = url.address();
+        if url.sslmode == SslMode::Require {
+            return Err(Error::new(
+                ErrorCode::NotImplemented,
+                format!("The upstream URL asks for TLS (sslmode=require), which sluice does not speak to an upstream yet; use sslmode=disable or prefer for {address}"),
+            ));
+        }
+        tokio::time::timeout(url.connect_timeout, Self::start(url, address.clone()))
+            .await
+            .unwrap_or_else(|_| {
+                Err(unreachable(
+                    &address,
+                    &format!(
+                        "no answer within {:?} (connect_timeout)",
+                        url.connect_timeout
+                    ),
+                ))
+            })
+    }
+
+    async fn start(url: &UpstreamUrl, address: String) -> Result<UpstreamConnection> {
+        let stream = TcpStream::connect((url.host.as_str(), url.port))
+            .await
+            .map_err(|e| unreachable(&address, &e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = UpstreamConnection {
+            address,
+            stream,
+            read: BytesMut::with_capacity(8192),
+            parameters: Vec::new(),
+            cancel: None,
+            transaction: b'I',
+        };
+        let mut buf = BytesMut::new();
+        frontend::startup_message(
+            [
+                ("user", url.user.as_str()),
+                ("database", url.database.as_str()),
+                ("application_name", "sluice"),
+                ("client_encoding", "UTF8"),
+            ],
+            &mut buf,
+        )
+        .map_err(|e| protocol_error(&e.to_string()))?;
+        conn.send(&buf).await?;
+        conn.authenticate(url).await?;
+        // Then parameters and the cancel key, up to the first ReadyForQuery.
+        loop {
+            let frame = conn.read_frame().await?;
+            match frame.tag {
+                b'Z' => {
+                    conn.transaction = frame.body.first().copied().unwrap_or(b'I');
+                    return Ok(conn);
+                }
+                b'E' => return Err(frame.upstream_error(&conn.address)),
+                _ => conn.observe(&frame),
+            }
+        }
+    }
+
+    async fn authenticate(&mut self, url: &UpstreamUrl) -> Result<()> {
+        let address = self.address.clone();
+        let password = || {
+            url.password.as_deref().ok_or_else(|| {
+                Error::new(
+                    ErrorCode::AllConnectionTriesFailed,
+                    format!(
+                        "The upstream {address} asks for a password and the upstream URL has none"
+                    ),
+                )
+            })
+        };
+        let mut scram: Option<sasl::ScramSha256> = None;
+        loop {
+            let frame = self.read_frame().await?;
+            if frame.tag == b'E' {
+                return Err(frame.upstream_error(&self.address));
+            }
+            if frame.tag != b'R' {
+                return Err(protocol_error(&format!(
+                    "'{}' during authentication",
+                    frame.tag as char
+                )));
+            }
+            let mut buf = BytesMut::new();
+            match frame.parse()? {
+                backend::Message::AuthenticationOk => return Ok(()),
+                backend::Message::AuthenticationCleartextPassword => {
+                    frontend::password_message(password()?.as_bytes(), &mut buf)
+                        .map_err(|e| protocol_error(&e.to_string()))?;
+                }
+                backend::Message::AuthenticationMd5Password(body) => {
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        url.user.as_bytes(),
+                        password()?.as_bytes(),
+                        body.salt(),
+                    );
+                    frontend::password_message(hash.as_bytes(), &mut buf)
+                        .map_err(|e| protocol_error(&e.to_string()))?;
+                }
+                backend::Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut scram_offered = false;
+                    while let Some(m) = mechanisms
+                        .next()
+                        .map_err(|e| protocol_error(&e.to_string()))?
+                    {
+                        scram_offered |= m == sasl::SCRAM_SHA_256;
+                    }
+                    if !scram_offered {
+                        return Err(Error::new(
+                            ErrorCode::AllConnectionTriesFailed,
+                            format!("The upstream {} offers no SASL mechanism sluice speaks (SCRAM-SHA-256 without channel binding)", self.address),
+                        ));
+                    }
+                    let state = sasl::ScramSha256::new(
+                        password()?.as_bytes(),
+                        sasl::ChannelBinding::unsupported(),
+                    );
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, state.message(), &mut buf)
+                        .map_err(|e| protocol_error(&e.to_string()))?;
+                    scram = Some(state);
+                }
+                backend::Message::AuthenticationSaslContinue(body) => {
+                    let state = scram
+                        .as_mut()
+                        .ok_or_else(|| protocol_error("a SASL continuation unasked"))?;
+                    state
+                        .update(body.data())
+                        .map_err(|e| protocol_error(&format!("SCRAM: {e}")))?;
+                    frontend::sasl_response(state.message(), &mut buf)
+                        .map_err(|e| protocol_error(&e.to_string()))?;
+                }
+                backend::Message::AuthenticationSaslFinal(body) => {
+                    let state = scram
+                        .as_mut()
+                        .ok_or_else(|| protocol_error("a SASL final message unasked"))?;
+                    state.finish(body.data()).map_err(|e| {
+                        Error::new(
+                            ErrorCode::AllConnectionTriesFailed,
+                            format!("The upstream {} failed SCRAM's server proof: {e}", self.address),
+                        )
+                    })?;
+                    continue;
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorCode::AllConnectionTriesFailed,
+                        format!("The upstream {} asks for an authentication method sluice does not speak (Kerberos, GSS or SSPI)", self.address),
+                    ))
+                }
+            }
+            self.send(&buf).await?;
+        }
+    }
+
+    /// Keeps what sluice must know of a message passing by: parameters and the cancel key.
+    fn observe(&mut self, frame: &Frame) {
+        match frame.tag {
+            b'S' => {
+                if let Ok(backend::Message::ParameterStatus(p)) = frame.parse() {
+                    if let (Ok(name), Ok(value)) = (p.name(), p.value()) {
+                        let (name, value) = (name.to_string(), value.to_string());
+                        match self.parameters.iter_mut().find(|(n, _)| *n == name) {
+                            Some(slot) => slot.1 = value,
+                            None => self.parameters.push((name, value)),
+                        }
+                    }
+                }
+            }
+            b'K' => {
+                if let Ok(backend::Message::BackendKeyData(k)) = frame.parse() {
+                    self.cancel = Some(CancelToken {
+                        address: self.address.clone(),
+                        process_id: k.process_id(),
+                        secret_key: k.secret_key(),
+                    });
+                }
+            }
+            b'Z' => self.transaction = frame.body.first().copied().unwrap_or(b'I'),
+            _ => {}
+        }
+    }
+
+    /// The upstream's `host:port`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// How to cancel what this connection runs (`None` if the upstream sent no key).
+    pub fn cancel_token(&self) -> Option<CancelToken> {
+        self.cancel.clone()
+    }
+
+    /// Sends frontend messages as they are (a client's Query, Parse, Bind, …).
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream
+            .write_all(bytes)
+            .await
+            .map_err(|e| self.lost(&e.to_string()))
+    }
+
+    /// Sends a simple-protocol Query for `sql`.
+    pub async fn query(&mut self, sql: &str) -> Result<()> {
+        let mut buf = BytesMut::new();
+        frontend::query(sql, &mut buf).map_err(|e| protocol_error(&e.to_string()))?;
+        self.send(&buf).await
+    }
+
+    /// The next backend message, as it came (parameters, keys and transaction status noted
+    /// on the way).
+    pub async fn read_frame(&mut self) -> Result<Frame> {
+        loop {
+            if self.read.len() >= 5 {
+                let len =
+                    i32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]);
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&l| (4..=MAX_FRAME).contains(&l))
+                    .ok_or_else(|| protocol_error(&format!("a message length of {len}")))?;
+                if self.read.len() > len {
+                    let tag = self.read[0];
+                    self.read.advance(5);
+                    let body = self.read.split_to(len - 4).freeze();
+                    let frame = Frame { tag, body };
+                    self.observe(&frame);
+                    return Ok(frame);
+                }
+                self.read.reserve(len + 1 - self.read.len());
+            }
+            let n = self
+                .stream
+                .read_buf(&mut self.read)
+                .await
+                .map_err(|e| self.lost(&e.to_string()))?;
+            if n == 0 {
+                return Err(self.lost("the connection closed"));
+            }
+        }
+    }
+
+    /// Reads the rest of a response: every message up to and including ReadyForQuery.
+    pub async fn read_response(&mut self) -> Result<Vec<Frame>> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.read_frame().await?;
+            let done = frame.tag == b'Z';
+            frames.push(frame);
+            if done {
+                return Ok(frames);
+            }
+        }
+    }
+
+    /// Ends the session politely.
+    pub async fn terminate(mut self) {
+        let mut buf = BytesMut::new();
+        frontend::terminate(&mut buf);
+        let _ = self.stream.write_all(&buf).await;
+    }
+
+    fn lost(&self, why: &str) -> Error {
+        Error::new(
+            ErrorCode::AllConnectionTriesFailed,
+            format!(
+                "The connection to the upstream {} was lost: {why}",
+                self.address
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_never_show_the_password() {
+        let url =
+            UpstreamUrl::parse("postgres://app:s%40cret@db.example:6432/sales?sslmode=disable")
+                .expect("parses");
+        assert_eq!(url.host, "db.example");
+        assert_eq!(url.port, 6432);
+        assert_eq!(url.user, "app");
+        assert_eq!(url.password.as_deref(), Some("s@cret"));
+        assert_eq!(url.database, "sales");
+        assert_eq!(url.sslmode, SslMode::Disable);
+        assert_eq!(format!("{url:?}"), "postgres://app@db.example:6432/sales");
+        let url = UpstreamUrl::parse("postgresql://me@[::1]/").expect("parses");
+        assert_eq!(
+            (url.address().as_str(), url.database.as_str()),
+            ("[::1]:5432", "me")
+        );
+        for bad in [
+            "mysql://a@b/c",
+            "postgres://b/c",
+            "postgres://a:pw@/c",
+            "postgres://a:pw@b/c?sslmode=disable&bogus=1",
+            "not a url",
+        ] {
+            let e = UpstreamUrl::parse(bad).expect_err(bad);
+            assert_eq!(e.code, ErrorCode::BadArguments, "{bad}");
+            assert!(!e.message.contains("pw"), "{bad}: {}", e.message);
+        }
+    }
+}

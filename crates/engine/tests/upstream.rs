@@ -1,0 +1,165 @@
+//! The upstream's wire against a real PostgreSQL (the machine's binaries, started here):
+//! SCRAM and MD5 authentication, refusals relayed with the upstream's SQLSTATE, an unreachable
+//! upstream named, and answers kept as the bytes that came — rows, errors with every field,
+//! notices, transaction status — and a cancel that stops a running statement.
+
+use std::time::{Duration, Instant};
+
+use sluice_engine::upstream::{Frame, UpstreamConnection, UpstreamUrl};
+use sluice_sql::ErrorCode;
+use sluice_testpg::{Auth, Postgres};
+
+fn url(pg: &Postgres, user: &str, password: Option<&str>, db: &str) -> UpstreamUrl {
+    let auth = password.map_or(String::new(), |p| format!(":{p}"));
+    UpstreamUrl::parse(&format!(
+        "postgres://{user}{auth}@127.0.0.1:{}/{db}?sslmode=disable&connect_timeout=10",
+        pg.port
+    ))
+    .expect("url")
+}
+
+fn field(frame: &Frame, code: u8) -> Option<String> {
+    frame
+        .fields()
+        .into_iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, v)| v)
+}
+
+/// A DataRow body: the field count, then each field as a length and its bytes (-1: NULL).
+fn data_row(fields: &[Option<&str>]) -> Vec<u8> {
+    let mut out = (fields.len() as i16).to_be_bytes().to_vec();
+    for f in fields {
+        match f {
+            Some(v) => {
+                out.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                out.extend_from_slice(v.as_bytes());
+            }
+            None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_upstream_wire_keeps_what_postgres_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path(), "owner", Auth::Password("owner-pw".into()));
+    pg.psql("SET password_encryption = 'md5'; CREATE ROLE md5user LOGIN PASSWORD 'md5-pw'");
+    pg.psql("CREATE DATABASE sales OWNER owner");
+
+    // SCRAM (the superuser's password is stored as SCRAM), then MD5.
+    let mut conn = UpstreamConnection::connect(&url(&pg, "owner", Some("owner-pw"), "sales"))
+        .await
+        .expect("SCRAM");
+    assert!(conn
+        .parameters
+        .iter()
+        .any(|(n, v)| n == "server_version" && !v.is_empty()));
+    assert!(conn.cancel_token().is_some());
+    assert_eq!(conn.transaction, b'I');
+    UpstreamConnection::connect(&url(&pg, "md5user", Some("md5-pw"), "postgres"))
+        .await
+        .expect("MD5")
+        .terminate()
+        .await;
+
+    // Refusals: the upstream's own SQLSTATE and message; sluice's code for the connection.
+    let refused = |e: sluice_sql::Error, state: &str| {
+        assert_eq!(e.code, ErrorCode::AllConnectionTriesFailed, "{e}");
+        assert!(e.message.contains(state), "{state}: {e}");
+    };
+    refused(
+        UpstreamConnection::connect(&url(&pg, "owner", Some("wrong"), "sales"))
+            .await
+            .expect_err("a wrong password"),
+        "28P01",
+    );
+    refused(
+        UpstreamConnection::connect(&url(&pg, "owner", Some("owner-pw"), "nosuchdb"))
+            .await
+            .expect_err("an unknown database"),
+        "3D000",
+    );
+    refused(
+        UpstreamConnection::connect(&url(&pg, "owner", None, "sales"))
+            .await
+            .expect_err("no password"),
+        "asks for a password",
+    );
+    let nobody = UpstreamUrl::parse(&format!(
+        "postgres://owner@127.0.0.1:{}/x?sslmode=disable",
+        sluice_testpg::free_port()
+    ))
+    .expect("url");
+    refused(
+        UpstreamConnection::connect(&nobody)
+            .await
+            .expect_err("nobody listens"),
+        &nobody.address(),
+    );
+
+    // Rows as they came: the DataRow body is PostgreSQL's own bytes.
+    conn.query("SELECT 1 AS one, 'x'::text AS t, NULL::int AS n")
+        .await
+        .expect("sends");
+    let frames = conn.read_response().await.expect("answer");
+    let tags: String = frames.iter().map(|f| f.tag as char).collect();
+    assert_eq!(tags, "TDCZ");
+    assert_eq!(
+        &frames[1].body[..],
+        &data_row(&[Some("1"), Some("x"), None])[..]
+    );
+    assert_eq!(&frames[2].body[..], b"SELECT 1\0");
+
+    // An error with every field it has, then the connection goes on.
+    conn.query("SELECT 1/0").await.expect("sends");
+    let frames = conn.read_response().await.expect("answer");
+    let error = frames.iter().find(|f| f.tag == b'E').expect("an error");
+    assert_eq!(field(error, b'C').as_deref(), Some("22012"));
+    assert_eq!(field(error, b'M').as_deref(), Some("division by zero"));
+    assert_eq!(field(error, b'S').as_deref(), Some("ERROR"));
+    assert!(field(error, b'R').is_some(), "the routine field too");
+    assert_eq!(conn.transaction, b'I');
+
+    // A notice, and the transaction status as it changes.
+    conn.query("BEGIN; DO $$BEGIN RAISE NOTICE 'hello %', 42; END$$")
+        .await
+        .expect("sends");
+    let frames = conn.read_response().await.expect("answer");
+    let notice = frames.iter().find(|f| f.tag == b'N').expect("a notice");
+    assert_eq!(field(notice, b'M').as_deref(), Some("hello 42"));
+    assert_eq!(conn.transaction, b'T');
+    conn.query("ROLLBACK").await.expect("sends");
+    conn.read_response().await.expect("answer");
+    assert_eq!(conn.transaction, b'I');
+
+    // A cancel stops a running statement at once.
+    let token = conn.cancel_token().expect("a key");
+    conn.query("SELECT pg_sleep(30)").await.expect("sends");
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    token.cancel().await.expect("cancels");
+    let frames = tokio::time::timeout(Duration::from_secs(10), conn.read_response())
+        .await
+        .expect("the statement stops")
+        .expect("answer");
+    let error = frames.iter().find(|f| f.tag == b'E').expect("cancelled");
+    assert_eq!(field(error, b'C').as_deref(), Some("57014"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // The upstream gone: the connection says so, naming it.
+    pg.kill();
+    let lost = match conn.query("SELECT 1").await {
+        Err(e) => e,
+        Ok(()) => conn
+            .read_response()
+            .await
+            .expect_err("the upstream is gone"),
+    };
+    assert_eq!(lost.code, ErrorCode::AllConnectionTriesFailed, "{lost}");
+    assert!(
+        lost.message.contains(&format!("127.0.0.1:{}", pg.port)),
+        "{lost}"
+    );
+}
