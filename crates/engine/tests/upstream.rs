@@ -163,3 +163,100 @@ async fn the_upstream_wire_keeps_what_postgres_says() {
         "{lost}"
     );
 }
+
+/// Polls until `cond` holds (bounded: 10 s).
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// Runs `sql` on a lent connection and gives its frames.
+async fn run(conn: &mut UpstreamConnection, sql: &str) -> Vec<Frame> {
+    conn.query(sql).await.expect("sends");
+    conn.read_response().await.expect("answer")
+}
+
+/// The pool: at most `size` connections, a full pool refused after the timeout, everything a
+/// client left behind (a SET, a prepared statement, an open transaction, a statement still
+/// running) gone before the next client, and an upstream restart survived: checkouts fail
+/// fast while it is down and work again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_lends_resets_and_recovers() {
+    use sluice_engine::upstream::UpstreamPool;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path(), "pool", Auth::Trust);
+    let url = UpstreamUrl::parse(&format!(
+        "postgres://pool@127.0.0.1:{}/postgres?sslmode=disable&connect_timeout=1",
+        pg.port
+    ))
+    .expect("url");
+    let pool = UpstreamPool::new(url.clone(), 2);
+    let mut a = pool.checkout().await.expect("first");
+    let b = pool.checkout().await.expect("second");
+    let full = pool
+        .checkout()
+        .await
+        .expect_err("a third waits, then is refused");
+    assert_eq!(full.code, ErrorCode::ServerOverloaded, "{full}");
+    drop(b);
+
+    // What a client leaves behind does not reach the next.
+    run(&mut a, "SET application_name = 'leaked'").await;
+    run(&mut a, "PREPARE p AS SELECT 1").await;
+    run(&mut a, "BEGIN").await;
+    assert_eq!(a.transaction, b'T');
+    drop(a);
+    eventually("both back idle", || pool.idle() == 2).await;
+    let mut c = pool.checkout().await.expect("again");
+    assert_eq!(c.transaction, b'I');
+    let frames = run(&mut c, "SHOW application_name").await;
+    assert!(
+        !String::from_utf8_lossy(&frames[1].body).contains("leaked"),
+        "the SET was reset"
+    );
+    let frames = run(&mut c, "EXECUTE p").await;
+    let e = frames.iter().find(|f| f.tag == b'E').expect("p is gone");
+    assert_eq!(field(e, b'C').as_deref(), Some("26000"));
+
+    // A client gone mid-statement: the statement is cancelled and its answer read away.
+    c.query("SELECT pg_sleep(30)").await.expect("sends");
+    let started = Instant::now();
+    drop(c);
+    eventually("the cancelled one back idle", || pool.idle() == 2).await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let mut d = pool.checkout().await.expect("clean");
+    let frames = run(&mut d, "SELECT 41 + 1").await;
+    assert_eq!(&frames[1].body[..], &data_row(&[Some("42")])[..]);
+    drop(d);
+    eventually("idle", || pool.idle() == 2).await;
+
+    // The upstream restarts: the idle connections are dead, a checkout says so naming the
+    // upstream, the next fails fast, and once it is back the pool serves again.
+    pg.kill();
+    let down = pool.checkout().await.expect_err("the upstream is down");
+    assert_eq!(down.code, ErrorCode::AllConnectionTriesFailed, "{down}");
+    assert!(down.message.contains(&url.address()), "{down}");
+    let started = Instant::now();
+    let fast = pool.checkout().await.expect_err("still down");
+    assert!(fast.message.contains("retrying in"), "{fast}");
+    assert!(started.elapsed() < Duration::from_millis(500));
+    pg.restart();
+    let mut served = None;
+    for _ in 0..100 {
+        match pool.checkout().await {
+            Ok(conn) => {
+                served = Some(conn);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let mut e = served.expect("served again after the restart");
+    let frames = run(&mut e, "SELECT 1").await;
+    assert_eq!(&frames[1].body[..], &data_row(&[Some("1")])[..]);
+}

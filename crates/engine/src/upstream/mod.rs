@@ -12,9 +12,15 @@
 //! statement's errors; an error the upstream sends during start-up (a wrong password, an
 //! unknown database) is relayed with its own SQLSTATE and message.
 //!
+//! [`pool`] lends these connections to clients and resets them between clients.
+//!
 //! Not here yet (see the note): TLS to the upstream (`sslmode=require` is refused with
-//! a message saying so; `disable` and `prefer` connect in plain text), the pool, the engine
-//! interface that forwards statements.
+//! a message saying so; `disable` and `prefer` connect in plain text), and the server's
+//! forwarding of client statements through them.
+
+pub mod pool;
+
+pub use pool::{Lent, UpstreamPool};
 
 use std::fmt;
 use std::time::Duration;
@@ -228,11 +234,21 @@ fn protocol_error(what: &str) -> Error {
 
 /// How to cancel what a connection runs: PostgreSQL's CancelRequest, sent on a connection of
 /// its own to where the connection is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CancelToken {
     address: String,
     process_id: i32,
     secret_key: i32,
+}
+
+impl fmt::Debug for CancelToken {
+    // Not the secret key: whoever holds it can cancel the upstream's statements.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancelToken")
+            .field("address", &self.address)
+            .field("process_id", &self.process_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CancelToken {
@@ -273,6 +289,10 @@ pub struct UpstreamConnection {
     /// The transaction status of the last ReadyForQuery: `I` idle, `T` in a transaction, `E`
     /// in a failed one.
     pub transaction: u8,
+    /// Responses still to come: each [`UpstreamConnection::query`] adds one, each
+    /// ReadyForQuery read takes one (messages sent raw with [`UpstreamConnection::send`]
+    /// count only if the caller adds them).
+    pub awaiting: usize,
 }
 
 impl UpstreamConnection {
@@ -310,6 +330,7 @@ impl UpstreamConnection {
             parameters: Vec::new(),
             cancel: None,
             transaction: b'I',
+            awaiting: 0,
         };
         let mut buf = BytesMut::new();
         frontend::startup_message(
@@ -457,9 +478,23 @@ impl UpstreamConnection {
                     });
                 }
             }
-            b'Z' => self.transaction = frame.body.first().copied().unwrap_or(b'I'),
+            b'Z' => {
+                self.transaction = frame.body.first().copied().unwrap_or(b'I');
+                self.awaiting = self.awaiting.saturating_sub(1);
+            }
             _ => {}
         }
+    }
+
+    /// Whether the connection is still open and quiet, as an idle one must be: the upstream
+    /// has not closed it (a restart, `pg_terminate_backend`) nor said anything unasked (a
+    /// FATAL message before closing). Reads nothing if so.
+    pub fn is_usable(&mut self) -> bool {
+        if self.awaiting > 0 || !self.read.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     /// The upstream's `host:port`.
@@ -484,7 +519,9 @@ impl UpstreamConnection {
     pub async fn query(&mut self, sql: &str) -> Result<()> {
         let mut buf = BytesMut::new();
         frontend::query(sql, &mut buf).map_err(|e| protocol_error(&e.to_string()))?;
-        self.send(&buf).await
+        self.send(&buf).await?;
+        self.awaiting += 1;
+        Ok(())
     }
 
     /// The next backend message, as it came (parameters, keys and transaction status noted

@@ -1,0 +1,253 @@
+//! The upstream's connections, pooled: at most `size` open at once, lent one client at a time
+//! and reset when given back, so nothing one client set (a `SET`, a prepared statement, a
+//! temporary table, an open transaction) reaches the next.
+//!
+//! Invariants:
+//! - A lent connection is idle when lent: no transaction open, nothing unread, not closed by
+//!   the upstream (checked without a round trip when it is taken from the idle list).
+//! - A connection given back inside a transaction (status `T` or `E`: its client went away
+//!   mid-transaction) is rolled back before it is reset; one whose reset fails, or that was
+//!   lost, is closed and its place freed — never lent again.
+//! - While the upstream cannot be reached, a checkout fails at once with
+//!   ALL_CONNECTION_TRIES_FAILED (08006) naming the upstream, instead of every client waiting
+//!   out the connect timeout: after a failed connect the pool waits (backoff doubling from
+//!   100 ms to 5 s) before it tries again, and fails fast meanwhile.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_sql::{Error, ErrorCode, Result};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::{UpstreamConnection, UpstreamUrl};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the pool resets a connection with when it is given back: PostgreSQL's `DISCARD ALL`
+/// (drops prepared statements, temporary tables, `SET`s, advisory locks, listeners).
+const RESET: &str = "DISCARD ALL";
+
+#[derive(Debug)]
+struct Health {
+    /// No connect is tried before this (a failure's backoff).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// Why the last connect failed.
+    last_error: Option<Error>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    url: UpstreamUrl,
+    /// One permit per connection the pool may hold open.
+    slots: Arc<Semaphore>,
+    idle: Mutex<Vec<UpstreamConnection>>,
+    health: Mutex<Health>,
+}
+
+/// A pool of connections to one upstream. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct UpstreamPool {
+    inner: Arc<Inner>,
+}
+
+/// A connection lent by the pool; given back (reset) when dropped, unless
+/// [`Lent::discard`]ed. Deref to use it.
+#[derive(Debug)]
+pub struct Lent {
+    conn: Option<UpstreamConnection>,
+    pool: Arc<Inner>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl UpstreamPool {
+    /// A pool of at most `size` connections (at least one) to `url`. Connects lazily.
+    pub fn new(url: UpstreamUrl, size: usize) -> UpstreamPool {
+        UpstreamPool {
+            inner: Arc::new(Inner {
+                url,
+                slots: Arc::new(Semaphore::new(size.max(1))),
+                idle: Mutex::new(Vec::new()),
+                health: Mutex::new(Health {
+                    retry_at: None,
+                    backoff: FIRST_BACKOFF,
+                    last_error: None,
+                }),
+            }),
+        }
+    }
+
+    pub fn url(&self) -> &UpstreamUrl {
+        &self.inner.url
+    }
+
+    /// Connections open now, idle in the pool.
+    pub fn idle(&self) -> usize {
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Lends a connection: an idle one, or a new one when fewer than `size` are open; waits
+    /// (up to the URL's `connect_timeout`) while all are lent.
+    pub async fn checkout(&self) -> Result<Lent> {
+        let inner = &self.inner;
+        let timeout = inner.url.connect_timeout;
+        let slot = tokio::time::timeout(timeout, inner.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::ServerOverloaded,
+                    format!(
+                        "All connections to the upstream {} are in use, and none came free within {timeout:?}; raise [upstream] pool_size or shorten what runs there",
+                        inner.url.address()
+                    ),
+                )
+            })?
+            .map_err(|_| Error::new(ErrorCode::Aborted, "The upstream pool is closed"))?;
+        // The most recently used idle connection that is still alive (an upstream restart
+        // leaves closed ones behind: they are dropped here), else a new one.
+        let idle = loop {
+            let next = inner.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match next {
+                Some(mut conn) => {
+                    if conn.is_usable() {
+                        break Some(conn);
+                    }
+                }
+                None => break None,
+            }
+        };
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        Ok(Lent {
+            conn: Some(conn),
+            pool: inner.clone(),
+            _slot: slot,
+        })
+    }
+
+    /// A new connection, unless the upstream failed recently (then the failure, at once).
+    async fn connect(&self) -> Result<UpstreamConnection> {
+        let inner = &self.inner;
+        {
+            let health = inner.health.lock().unwrap_or_else(|p| p.into_inner());
+            if let (Some(at), Some(e)) = (health.retry_at, &health.last_error) {
+                if Instant::now() < at {
+                    return Err(Error::new(
+                        e.code,
+                        format!("{} (retrying in {:?})", e.message, at - Instant::now()),
+                    ));
+                }
+            }
+        }
+        let result = UpstreamConnection::connect(&inner.url).await;
+        let mut health = inner.health.lock().unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(_) => {
+                health.retry_at = None;
+                health.backoff = FIRST_BACKOFF;
+                health.last_error = None;
+            }
+            Err(e) if e.code == ErrorCode::AllConnectionTriesFailed => {
+                health.retry_at = Some(Instant::now() + health.backoff);
+                health.backoff = (health.backoff * 2).min(MAX_BACKOFF);
+                health.last_error = Some(e.clone());
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+impl Lent {
+    /// Closes the connection instead of giving it back (it is in a state sluice cannot vouch
+    /// for: a protocol error, a cancelled COPY).
+    pub fn discard(mut self) {
+        self.conn = None;
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = UpstreamConnection;
+    fn deref(&self) -> &UpstreamConnection {
+        self.conn.as_ref().expect("lent until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut UpstreamConnection {
+        self.conn.as_mut().expect("lent until dropped")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        // The reset talks to the upstream, so it runs in a task of its own; the slot is held
+        // until it is done (a reset connection goes back idle, a failed one is closed).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let slot = std::mem::replace(&mut self._slot, placeholder_permit());
+        runtime.spawn(async move {
+            if let Some(conn) = reset(conn).await {
+                pool.idle
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(conn);
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// A permit of a semaphore of its own, to stand in a `Lent` being dropped.
+fn placeholder_permit() -> OwnedSemaphorePermit {
+    Arc::new(Semaphore::new(1))
+        .try_acquire_owned()
+        .expect("a fresh semaphore has a permit")
+}
+
+/// `conn` made clean for the next client: a response still coming cancelled and read to its
+/// end, any transaction rolled back, then `DISCARD ALL`; `None` if any of that fails (the
+/// connection is then closed).
+async fn reset(mut conn: UpstreamConnection) -> Option<UpstreamConnection> {
+    let deadline = Duration::from_secs(10);
+    if conn.awaiting > 0 {
+        // Its client went away mid-statement.
+        if let Some(token) = conn.cancel_token() {
+            let _ = token.cancel().await;
+        }
+        while conn.awaiting > 0 {
+            tokio::time::timeout(deadline, conn.read_frame())
+                .await
+                .ok()?
+                .ok()?;
+        }
+    }
+    if conn.transaction != b'I' {
+        run(&mut conn, "ROLLBACK", deadline).await?;
+    }
+    run(&mut conn, RESET, deadline).await?;
+    (conn.transaction == b'I').then_some(conn)
+}
+
+/// Runs `sql`; `None` unless it answered without an error.
+async fn run(conn: &mut UpstreamConnection, sql: &str, deadline: Duration) -> Option<()> {
+    conn.query(sql).await.ok()?;
+    let frames = tokio::time::timeout(deadline, conn.read_response())
+        .await
+        .ok()?
+        .ok()?;
+    (!frames.iter().any(|f| f.tag == b'E')).then_some(())
+}
