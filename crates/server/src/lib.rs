@@ -156,6 +156,7 @@ pub async fn serve(
                 let connection = Arc::new(
                     Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
                 );
+                let terminate = connection.terminate.clone();
                 let handlers = Arc::new(Handlers {
                     startup: Arc::new(Startup::new(
                         &shared.users,
@@ -169,7 +170,7 @@ pub async fn serve(
                 let tls = shared.tls.clone();
                 tracing::debug!("connection from {peer}");
                 tokio::spawn(async move {
-                    if let Err(e) = wire::process_connection(socket, tls, handlers).await {
+                    if let Err(e) = wire::process_connection(socket, tls, handlers, terminate).await {
                         tracing::debug!("connection from {peer} ended: {e}");
                     }
                 });

@@ -155,7 +155,8 @@ pub fn move_to(shared: &Shared, matched: Vec<Matched>, workload: &str) -> Result
 }
 
 /// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: stops the statement connection
-/// `pid` runs, as Postgres does; `true` when there was one.
+/// `pid` runs, as Postgres does, and with terminate closes the connection; `true` when there
+/// was one.
 pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> Result<RecordBatch> {
     let mine: Vec<_> = shared
         .processes()
@@ -187,6 +188,10 @@ pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> R
     let mut any = false;
     for p in &mine {
         any |= shared.kill(p.query_id, error.clone());
+    }
+    if terminate {
+        // Then the connection closes, idle or not, as in PostgreSQL.
+        any |= shared.terminate(pid);
     }
     RecordBatch::try_new(
         signal_schema(terminate),

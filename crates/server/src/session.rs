@@ -198,6 +198,8 @@ pub struct Connection {
     watch: Arc<ClientWatch>,
     /// This connection's cancel signal, registered at its first statement.
     cancel: std::sync::OnceLock<(CancelKey, Arc<tokio::sync::watch::Sender<u64>>)>,
+    /// Notified by `pg_terminate_backend`: the connection closes (its message loop watches).
+    pub terminate: Arc<tokio::sync::Notify>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
     /// The fingerprints of the texts this connection ran lately: a client repeats its
@@ -389,6 +391,7 @@ impl Connection {
             parser: Arc::new(NoopQueryParser::new()),
             watch: Arc::new(watch),
             cancel: std::sync::OnceLock::new(),
+            terminate: Arc::default(),
             cursors: tokio::sync::Mutex::default(),
             fingerprints: Mutex::default(),
             peer: None,
@@ -1788,6 +1791,7 @@ impl Connection {
             let (pid, secret) = client.pid_and_secret_key();
             let key = (pid, secret.to_bytes().to_vec());
             let signal = self.shared.cancel_signal(key.clone());
+            self.shared.terminable(pid, self.terminate.clone());
             let _ = self.cancel.set((key, signal));
         }
     }

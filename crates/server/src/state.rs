@@ -311,6 +311,9 @@ pub struct Shared {
     /// Cancel signals by connection key (pid, secret), for statements whose rows are
     /// streaming: pgwire's own cancel only reaches a statement until its response starts.
     cancels: Mutex<std::collections::HashMap<CancelKey, Arc<tokio::sync::watch::Sender<u64>>>>,
+    /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
+    /// its first statement.
+    terminations: Mutex<std::collections::HashMap<i32, Arc<tokio::sync::Notify>>>,
     next_query_id: AtomicU64,
     phase: tokio::sync::watch::Sender<Phase>,
 }
@@ -356,6 +359,7 @@ impl Shared {
             ddl: tokio::sync::Mutex::new(()),
             processes: Mutex::new(BTreeMap::new()),
             cancels: Mutex::default(),
+            terminations: Mutex::default(),
             next_query_id: AtomicU64::new(1),
             phase: tokio::sync::watch::Sender::new(Phase::Serving),
         }))
@@ -520,7 +524,31 @@ impl Shared {
             .clone()
     }
 
+    /// Registers connection `pid`'s close signal.
+    pub fn terminable(&self, pid: i32, signal: Arc<tokio::sync::Notify>) {
+        self.terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pid, signal);
+    }
+
+    /// Asks connection `pid` to close (after its statement, which the caller stops); whether
+    /// there is one.
+    pub fn terminate(&self, pid: i32) -> bool {
+        let signal = self
+            .terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .cloned();
+        signal.inspect(|s| s.notify_one()).is_some()
+    }
+
     pub fn forget_cancel(&self, key: &CancelKey) {
+        self.terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key.0);
         self.cancels
             .lock()
             .unwrap_or_else(|p| p.into_inner())

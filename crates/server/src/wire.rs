@@ -17,11 +17,13 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use futures::StreamExt;
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
-use pgwire::messages::PgWireFrontendMessage;
+use pgwire::error::ErrorInfo;
+use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::{negotiate_tls, process_error, process_message, MaybeTls};
 use pgwire::tokio::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -164,6 +166,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     tcp: TcpStream,
     tls: Option<TlsAcceptor>,
     handlers: H,
+    terminate: Arc<tokio::sync::Notify>,
 ) -> io::Result<()> {
     let startup_deadline = tokio::time::sleep(STARTUP_TIMEOUT);
     tokio::pin!(startup_deadline);
@@ -199,7 +202,25 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 m = socket.next() => m,
             }
         } else {
-            socket.next().await
+            tokio::select! {
+                biased;
+                // pg_terminate_backend: its statement was stopped; the connection closes with
+                // PostgreSQL's FATAL (57P01), idle or between statements.
+                _ = terminate.notified() => {
+                    let fatal = ErrorInfo::new(
+                        "FATAL".to_owned(),
+                        "57P01".to_owned(),
+                        "terminating connection due to administrator command".to_owned(),
+                    );
+                    let _ = futures::SinkExt::send(
+                        &mut socket,
+                        PgWireBackendMessage::ErrorResponse(fatal.into()),
+                    )
+                    .await;
+                    break;
+                }
+                m = socket.next() => m,
+            }
         };
         let Some(Ok(message)) = message else {
             break;

@@ -581,3 +581,62 @@ async fn an_admission_timeout_fails_a_waiting_statement_that_never_started() {
     assert_nothing_held(&admin).await;
     server.stop().await;
 }
+
+/// `pg_terminate_backend(pid)` stops the backend's statement and closes its connection, as in
+/// PostgreSQL — a connection between statements too.
+#[tokio::test]
+async fn pg_terminate_backend_closes_the_connection() {
+    let (_dir, server, admin) = started_with("CREATE RESOURCE q (QUERY)", false).await;
+    let busy = server.client().await;
+    let idle = server.client().await;
+    // The idle one learns its own pid from its own statement, then goes quiet.
+    let idle_pid = column(
+        &idle,
+        "SELECT pid FROM system.processes WHERE query LIKE 'SELECT pid FROM system.processes WHERE query LIKE%'",
+    )
+    .await;
+    assert_eq!(idle_pid.len(), 1);
+    let running = tokio::spawn(async move {
+        let result = busy.simple_query("SELECT pg_sleep(20)").await;
+        (result, busy)
+    });
+    until_running(&admin, 1).await;
+    let busy_pid = column(
+        &admin,
+        "SELECT pid FROM system.processes WHERE query = 'SELECT pg_sleep(20)'",
+    )
+    .await;
+    assert_eq!(busy_pid.len(), 1);
+    for pid in [&busy_pid[0], &idle_pid[0]] {
+        assert_eq!(
+            column(&admin, &format!("SELECT pg_terminate_backend({pid})")).await,
+            ["t"]
+        );
+    }
+    let (result, busy) = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the statement stops")
+        .expect("task");
+    let e = result.expect_err("terminated");
+    assert!(
+        e.to_string().contains("pg_terminate_backend") || sqlstate(&e) == "57P01",
+        "{e}"
+    );
+    for client in [&busy, &idle] {
+        for _ in 0..500 {
+            if client.is_closed() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(client.is_closed(), "the connection is closed");
+        assert!(client.simple_query("SELECT 1").await.is_err());
+    }
+    // A pid nobody has: false.
+    assert_eq!(
+        column(&admin, "SELECT pg_terminate_backend(999999)").await,
+        ["f"]
+    );
+    assert_nothing_held(&admin).await;
+    server.stop().await;
+}
