@@ -380,7 +380,9 @@ impl LeasedStream {
         if contended || self.lease.contended() {
             for (other, meter) in self.meters.slots.iter().enumerate() {
                 let idle = meter.runnable.load(Ordering::Relaxed) == 0;
-                if other != slot && idle && meter.renewing().is_none() {
+                // A slot given up (its partitions folded onto the master's) has nothing to renew.
+                let held = self.lease.slot_of(other) == other;
+                if other != slot && held && idle && meter.renewing().is_none() {
                     let used = Duration::from_nanos(meter.used.swap(0, Ordering::Relaxed));
                     // It runs in its own task; the slot's tasks find it when they wake.
                     drop(meter.start_renewal(&self.lease, other, used));
