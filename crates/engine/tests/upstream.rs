@@ -134,6 +134,34 @@ async fn the_upstream_wire_keeps_what_postgres_says() {
     conn.read_response().await.expect("answer");
     assert_eq!(conn.transaction, b'I');
 
+    // Described without running: parameter types and columns as the upstream infers them,
+    // a statement without rows, and an error as it came (the connection idle after each).
+    let described = conn
+        .describe("SELECT $1::int + 1 AS x, $2::text AS t", &[])
+        .await
+        .expect("sends")
+        .expect("describes");
+    assert_eq!(described.parameters, [23, 25]);
+    let columns = described.rows.expect("rows").columns();
+    assert_eq!(columns, [("x".to_string(), 23), ("t".to_string(), 25)]);
+    run_text(&mut conn, "CREATE TEMP TABLE d (a int8)").await;
+    let insert = conn
+        .describe("INSERT INTO d VALUES ($1)", &[0])
+        .await
+        .expect("sends")
+        .expect("describes");
+    assert_eq!(
+        (insert.parameters.as_slice(), insert.rows),
+        (&[20u32][..], None)
+    );
+    let unknown = conn
+        .describe("SELECT nope FROM d", &[])
+        .await
+        .expect("sends")
+        .expect_err("an unknown column");
+    assert_eq!(field(&unknown, b'C').as_deref(), Some("42703"));
+    assert_eq!((conn.transaction, conn.awaiting), (b'I', 0));
+
     // A cancel stops a running statement at once.
     let token = conn.cancel_token().expect("a key");
     conn.query("SELECT pg_sleep(30)").await.expect("sends");
@@ -162,6 +190,13 @@ async fn the_upstream_wire_keeps_what_postgres_says() {
         lost.message.contains(&format!("127.0.0.1:{}", pg.port)),
         "{lost}"
     );
+}
+
+/// Runs `sql` and checks it did not fail.
+async fn run_text(conn: &mut UpstreamConnection, sql: &str) {
+    conn.query(sql).await.expect("sends");
+    let frames = conn.read_response().await.expect("answer");
+    assert!(frames.iter().all(|f| f.tag != b'E'), "{sql} failed");
 }
 
 /// Polls until `cond` holds (bounded: 10 s).

@@ -204,6 +204,19 @@ impl Frame {
         out
     }
 
+    /// A RowDescription's columns: each one's name and type OID.
+    pub fn columns(&self) -> Vec<(String, u32)> {
+        let Ok(backend::Message::RowDescription(body)) = self.parse() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut fields = body.fields();
+        while let Ok(Some(field)) = fields.next() {
+            out.push((field.name().to_string(), field.type_oid()));
+        }
+        out
+    }
+
     /// An ErrorResponse as sluice's error: its SQLSTATE and message kept (in the message,
     /// since sluice's errors carry ClickHouse codes), for failures during start-up.
     fn upstream_error(&self, address: &str) -> Error {
@@ -230,6 +243,16 @@ fn protocol_error(what: &str) -> Error {
         ErrorCode::AllConnectionTriesFailed,
         format!("The upstream broke the protocol: {what}"),
     )
+}
+
+/// What the upstream says of a statement without running it (the extended protocol's
+/// Parse and Describe of an unnamed statement).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Described {
+    /// The type OIDs of its parameters `$1`, `$2`, … as the upstream inferred them.
+    pub parameters: Vec<u32>,
+    /// Its result columns (a RowDescription, as it came); `None` for a statement without rows.
+    pub rows: Option<Frame>,
 }
 
 /// How to cancel what a connection runs: PostgreSQL's CancelRequest, sent on a connection of
@@ -554,6 +577,48 @@ impl UpstreamConnection {
                 return Err(self.lost("the connection closed"));
             }
         }
+    }
+
+    /// Asks the upstream what `sql` takes and gives without running it: Parse, Describe and
+    /// Sync of the unnamed statement (`param_types`: OIDs the client declared, 0 to let the
+    /// upstream infer). `Err(frame)` carries the upstream's ErrorResponse (a syntax error, an
+    /// unknown column), as it came; the connection is idle again either way.
+    pub async fn describe(
+        &mut self,
+        sql: &str,
+        param_types: &[u32],
+    ) -> Result<std::result::Result<Described, Frame>> {
+        let mut buf = BytesMut::new();
+        frontend::parse("", sql, param_types.iter().copied(), &mut buf)
+            .map_err(|e| protocol_error(&e.to_string()))?;
+        frontend::describe(b'S', "", &mut buf).map_err(|e| protocol_error(&e.to_string()))?;
+        frontend::sync(&mut buf);
+        self.send(&buf).await?;
+        self.awaiting += 1;
+        let mut described = Described {
+            parameters: Vec::new(),
+            rows: None,
+        };
+        let mut error = None;
+        for frame in self.read_response().await? {
+            match frame.tag {
+                b't' => {
+                    if let Ok(backend::Message::ParameterDescription(body)) = frame.parse() {
+                        let mut oids = body.parameters();
+                        while let Ok(Some(oid)) = oids.next() {
+                            described.parameters.push(oid);
+                        }
+                    }
+                }
+                b'T' => described.rows = Some(frame),
+                b'E' => error = Some(frame),
+                _ => {} // ParseComplete, NoData, ReadyForQuery
+            }
+        }
+        Ok(match error {
+            Some(e) => Err(e),
+            None => Ok(described),
+        })
     }
 
     /// Reads the rest of a response: every message up to and including ReadyForQuery.
