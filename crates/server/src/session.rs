@@ -1022,7 +1022,9 @@ impl Connection {
                 resource: resource.clone(),
                 permit,
                 in_flight: series.admitted(arrived.elapsed()),
-                cpu_slot: None,
+                // A master thread's slot is the statement's slot 0 (its workers are 1..).
+                cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
+                    .then_some(0),
             });
             guard.waiting_for(None);
             next = resources.next();
@@ -1156,7 +1158,6 @@ impl Connection {
             .await?;
         if cpu_scheduled {
             let master: Vec<_> = snapshot.master().into_iter().collect();
-            let before = attachments.len();
             self.wait_for_slots(
                 &master,
                 &guard,
@@ -1167,11 +1168,6 @@ impl Connection {
                 notices,
             )
             .await?;
-            if attachments.len() > before {
-                if let Some(slot) = attachments.last_mut() {
-                    slot.cpu_slot = Some(0);
-                }
-            }
         }
         // Worker threads: as many as are free now, up to max_threads - 1, never waited for
         // (reference §4.8); the statement's parallelism is the threads it holds.
