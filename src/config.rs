@@ -22,6 +22,23 @@ pub struct Config {
     #[serde(default)]
     pub users: Vec<UserConfig>,
     pub tls: Option<TlsConfig>,
+    pub upstream: Option<UpstreamConfig>,
+}
+
+/// `[upstream]`: the database sluice fronts (upstream mode).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// `postgres://user[:password]@host[:port]/db[?sslmode=…&connect_timeout=…]`.
+    pub url: String,
+    /// Connections to the upstream at most [default: 20].
+    pub pool_size: Option<usize>,
+    /// `'session'` (default) or `'transaction'`.
+    pub pool_mode: Option<String>,
+    /// `'statement'` (default) or `'transaction'`.
+    pub admission: Option<String>,
+    /// Seconds to wait for a connection to the upstream [default: the URL's, else 10].
+    pub connect_timeout: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

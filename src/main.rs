@@ -60,6 +60,11 @@ enum Command {
         /// the config's `[disks]`).
         #[arg(long = "disk", value_name = "NAME=PATH")]
         disks: Vec<String>,
+        /// Front this database (upstream mode): statements that are not sluice's own are
+        /// forwarded to it, as postgres://user[:password]@host[:port]/db (overrides
+        /// `[upstream] url`).
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
     },
     /// Make a SCRAM-SHA-256 verifier for a `[[users]]` entry from a password read on standard
     /// input (one line). The password itself is never stored.
@@ -226,9 +231,10 @@ fn main() -> ExitCode {
         cores,
         memory,
         disks,
+        upstream,
     } = cli.command
     {
-        return match serve(config, listen, data_dir, cores, memory, disks) {
+        return match serve(config, listen, data_dir, cores, memory, disks, upstream) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sluice: {e:#}");
@@ -252,6 +258,7 @@ fn serve(
     cores: Option<u32>,
     memory: Option<u64>,
     disk_flags: Vec<String>,
+    upstream_flag: Option<String>,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -337,7 +344,9 @@ fn serve(
             "server.engine_memory_ratio: must be greater than 0 and at most 1, got {engine_memory_ratio}"
         );
     }
+    let upstream = upstream_options(config.upstream.as_ref(), upstream_flag)?;
     let options = sluice_server::ServerOptions {
+        upstream,
         engine_memory_ratio,
         throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
         config_statements: config.catalog.statements.clone(),
@@ -413,6 +422,51 @@ fn serve(
         sluice_server::serve(listener, shared, shutdown).await?;
         Ok(())
     })
+}
+
+/// `[upstream]` and `--upstream`, checked.
+fn upstream_options(
+    config: Option<&config::UpstreamConfig>,
+    flag: Option<String>,
+) -> anyhow::Result<Option<sluice_server::forward::UpstreamOptions>> {
+    let Some(url) = flag.or(config.map(|c| c.url.clone())) else {
+        return Ok(None);
+    };
+    let mut url = sluice_server::forward::UpstreamUrl::parse(&url)
+        .map_err(|e| anyhow::anyhow!("upstream.url: {}", e.message))?;
+    let default = sluice_server::forward::UpstreamOptions {
+        url: url.clone(),
+        pool_size: 20,
+        pool_mode: sluice_server::forward::PoolMode::Session,
+        admission: sluice_server::forward::AdmissionMode::Statement,
+    };
+    let Some(c) = config else {
+        return Ok(Some(default));
+    };
+    if let Some(s) = c.connect_timeout {
+        if !(s.is_finite() && s > 0.0) {
+            anyhow::bail!(
+                "upstream.connect_timeout: must be a positive number of seconds, got {s}"
+            );
+        }
+        url.connect_timeout = std::time::Duration::from_secs_f64(s);
+    }
+    let pool_size = c.pool_size.unwrap_or(default.pool_size);
+    if pool_size == 0 {
+        anyhow::bail!("upstream.pool_size: must be at least 1");
+    }
+    Ok(Some(sluice_server::forward::UpstreamOptions {
+        url,
+        pool_size,
+        pool_mode: match &c.pool_mode {
+            Some(m) => m.parse().map_err(|e| anyhow::anyhow!("upstream.{e}"))?,
+            None => default.pool_mode,
+        },
+        admission: match &c.admission {
+            Some(m) => m.parse().map_err(|e| anyhow::anyhow!("upstream.{e}"))?,
+            None => default.admission,
+        },
+    }))
 }
 
 fn local(file: &Path, cores: Option<u32>, memory: Option<u64>) -> anyhow::Result<ExitCode> {

@@ -21,7 +21,8 @@ use futures::Sink;
 use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{
-    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler,
+    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, ServerParameterProvider,
+    StartupHandler,
 };
 use pgwire::api::{ClientInfo, ConnectionManager, METADATA_USER};
 use pgwire::error::{PgWireError, PgWireResult};
@@ -242,7 +243,7 @@ impl AuthSource for VerifierSource {
 pub struct Startup<T> {
     /// Kept until the first message says whether the connection is TLS.
     scram: Option<ScramSetup>,
-    sasl: std::sync::OnceLock<SASLAuthStartupHandler<DefaultServerParameterProvider>>,
+    sasl: std::sync::OnceLock<SASLAuthStartupHandler<Parameters>>,
     /// The connection: its trust start-up, and where the start-up options go.
     connection: Arc<T>,
 }
@@ -250,6 +251,27 @@ pub struct Startup<T> {
 /// What a connection does with its start-up parameters (`options=-c workload=x`).
 pub trait StartupOptions {
     fn apply_startup_options(&self, metadata: &std::collections::HashMap<String, String>);
+    /// Start-up parameters announced besides pgwire's defaults (replacing them by name).
+    fn server_parameters(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+}
+
+/// pgwire's start-up parameters, with a connection's own in place of them by name.
+#[derive(Debug)]
+pub struct Parameters(pub Vec<(String, String)>);
+
+impl ServerParameterProvider for Parameters {
+    fn server_parameters<C>(&self, client: &C) -> Option<std::collections::HashMap<String, String>>
+    where
+        C: ClientInfo,
+    {
+        let mut all = DefaultServerParameterProvider::default().server_parameters(client)?;
+        for (name, value) in &self.0 {
+            all.insert(name.clone(), value.clone());
+        }
+        Some(all)
+    }
 }
 
 struct ScramSetup {
@@ -266,7 +288,7 @@ impl<T> Debug for Startup<T> {
     }
 }
 
-impl<T> Startup<T> {
+impl<T: StartupOptions> Startup<T> {
     pub fn new(
         users: &Arc<Users>,
         tls_cert_pem: Option<Arc<Vec<u8>>>,
@@ -287,10 +309,7 @@ impl<T> Startup<T> {
     /// SCRAM-SHA-256; over TLS with a certificate, SCRAM-SHA-256-PLUS as well (channel
     /// binding: a client that uses it knows no one in the middle relayed its login). Never
     /// PLUS without TLS: libpq refuses a server that offers it there.
-    fn sasl(
-        &self,
-        secure: bool,
-    ) -> Option<&SASLAuthStartupHandler<DefaultServerParameterProvider>> {
+    fn sasl(&self, secure: bool) -> Option<&SASLAuthStartupHandler<Parameters>> {
         let setup = self.scram.as_ref()?;
         Some(self.sasl.get_or_init(|| {
             let mut scram = ScramAuth::new(Arc::new(VerifierSource(setup.users.clone())));
@@ -298,7 +317,7 @@ impl<T> Startup<T> {
                 // Checked once at start (`channel_binding_cert`); cannot fail here.
                 let _ = scram.configure_certificate(pem);
             }
-            SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
+            SASLAuthStartupHandler::new(Arc::new(Parameters(self.connection.server_parameters())))
                 .with_scram(scram)
                 .with_connection_manager(setup.manager.clone())
         }))

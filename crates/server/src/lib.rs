@@ -4,6 +4,8 @@
 //! - [`serve`]: the accept loop; one [`session::Connection`] (handlers and state) per client;
 //!   cancel requests go through pgwire's connection manager.
 //! - [`wire`]: the message loop over a socket that sends each response in one write.
+//! - [`forward`]: upstream mode, every message that is not sluice's own forwarded to the
+//!   upstream database at the message level, admitted like an engine query.
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
 //!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY, memory
 //!   and CPU schedulers, rows streamed from the engine.
@@ -36,6 +38,7 @@ pub mod auth;
 pub mod disks;
 pub mod encode;
 pub mod error;
+pub mod forward;
 pub mod lanes;
 pub mod lease;
 pub mod memory;
@@ -138,6 +141,9 @@ pub async fn serve(
         shared: shared.clone(),
     });
     tokio::pin!(shutdown);
+    if let Some(upstream) = &shared.upstream {
+        upstream.probe().await;
+    }
     loop {
         tokio::select! {
             _ = &mut shutdown => {
@@ -157,6 +163,10 @@ pub async fn serve(
                     Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
                 );
                 let terminate = connection.terminate.clone();
+                // Upstream mode: the connection's loop forwards what is not sluice's own.
+                let forwarding = shared.upstream.as_ref().map(|u| {
+                    (forward::Forwarder::new(u.clone()), connection.clone())
+                });
                 let handlers = Arc::new(Handlers {
                     startup: Arc::new(Startup::new(
                         &shared.users,
@@ -170,7 +180,7 @@ pub async fn serve(
                 let tls = shared.tls.clone();
                 tracing::debug!("connection from {peer}");
                 tokio::spawn(async move {
-                    if let Err(e) = wire::process_connection(socket, tls, handlers, terminate).await {
+                    if let Err(e) = wire::process_connection(socket, tls, handlers, terminate, forwarding).await {
                         tracing::debug!("connection from {peer} ended: {e}");
                     }
                 });

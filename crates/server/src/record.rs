@@ -85,6 +85,15 @@ impl RunRecord {
     }
 
     /// Ended by `error` (the first error counts).
+    /// The upstream answered the statement with an error (`sqlstate`): a cancel, or a failure
+    /// of the statement itself.
+    pub fn failed_upstream(&mut self, sqlstate: &str) {
+        self.outcome.get_or_insert(match sqlstate {
+            "57014" => Outcome::Cancelled,
+            _ => Outcome::Error("UPSTREAM_ERROR"),
+        });
+    }
+
     pub fn failed(&mut self, error: &Error) {
         self.outcome.get_or_insert(match error.code {
             ErrorCode::QueryWasCancelled => Outcome::Cancelled,

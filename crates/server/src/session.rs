@@ -41,6 +41,7 @@ use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADA
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::copy::CopyData;
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
+use pgwire::messages::startup::ParameterStatus;
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -76,7 +77,7 @@ struct QuerySettings {
     max_memory_usage: u64,
 }
 
-const KNOWN_SETTINGS: &[&str] = &[
+pub(crate) const KNOWN_SETTINGS: &[&str] = &[
     "workload",
     "workload_admission_timeout_ms",
     "max_threads",
@@ -158,7 +159,7 @@ impl Notices for NoNotices {
 
 /// Notices sent to the client as NoticeResponse messages, at once (before the statement's
 /// result), so psql prints them while the statement waits.
-struct ClientNotices<'a, C>(&'a mut C);
+pub(crate) struct ClientNotices<'a, C>(pub &'a mut C);
 
 #[async_trait]
 impl<C> Notices for ClientNotices<'_, C>
@@ -230,6 +231,20 @@ impl Debug for Connection {
 
 /// What a statement holds until its last row is sent (its process entry, permits, gauges).
 type Held = Vec<Box<dyn Send + Sync>>;
+
+/// A statement admitted by every resource its workload asks for, not yet run.
+pub(crate) struct Admitted {
+    /// First, so dropped first: its process entry, grant and demotion timer.
+    pub hold: Held,
+    pub grant: Arc<Mutex<Grant>>,
+    /// The CPU threads it holds (its parallelism); `None`: no CPU resource applies.
+    pub threads: Option<usize>,
+    pub memory: Option<Arc<crate::memory::StatementMemory>>,
+    /// `reserve_memory`: the bytes its memory was admitted with.
+    pub reserve_memory: u64,
+    /// What ends it early: a cancel, a kill, its client going away, `max_execution_time`.
+    pub stop: Stop,
+}
 
 /// A result on its way to the client: rows (with what must stay held until they are sent) or
 /// a command tag.
@@ -397,6 +412,11 @@ impl Connection {
             peer: None,
             database: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What the server shares.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The connection's client is at `peer`.
@@ -831,6 +851,32 @@ impl Connection {
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
+        // Declared before the admission so that, however the statement ends (an error, a
+        // cancel dropping this future), what it holds goes first and the record after it; the
+        // record is written last, when the statement has let go of everything.
+        let mut record = None;
+        let result = async {
+            let admitted = self.admit(user, &query, notices, &mut record).await?;
+            self.execute_admitted(admitted, &query, params, &mut record)
+                .await
+        }
+        .await;
+        if let (Err(e), Some(record)) = (&result, record.as_mut()) {
+            record.failed(e);
+        }
+        result
+    }
+
+    /// Admits `query`: its workload (chosen, classified, its lane), its place in
+    /// `system.processes`, then every resource its workload's tree asks for. The record of
+    /// the run is put in `record` as soon as there is one, so a failure is recorded too.
+    pub(crate) async fn admit(
+        &self,
+        user: &str,
+        query: &Query,
+        notices: &mut dyn Notices,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Admitted> {
         let settings = query_settings(&query.settings)?;
         let chosen = self.chosen_workload(user, settings.workload.clone())?;
         if self.shared.phase() != Phase::Serving {
@@ -840,7 +886,7 @@ impl Connection {
         let fingerprint = self.fingerprint_of(&query.text);
         let classified = match chosen {
             Some(_) => None,
-            None => self.classify(user, &query, &fingerprint.tags, &snapshot.catalog),
+            None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
         };
         let requested = match (chosen, &classified) {
             (Some(w), _) => w,
@@ -855,10 +901,7 @@ impl Connection {
             judged_by.as_ref(),
             &fingerprint,
         );
-        // Declared before the guard so that, however the statement ends (an error, a cancel
-        // dropping this future), the guard goes first and the permits after it; the record
-        // is written last, when the statement has let go of everything.
-        let mut record = Some(RunRecord::new(
+        *record = Some(RunRecord::new(
             self.shared.clone(),
             0,
             user,
@@ -867,22 +910,16 @@ impl Connection {
             &query.text,
             judged_by,
         ));
-        let result = self
-            .admit_and_run(
-                user,
-                &workload,
-                classified,
-                query,
-                settings,
-                params,
-                notices,
-                &mut record,
-            )
-            .await;
-        if let (Err(e), Some(record)) = (&result, record.as_mut()) {
-            record.failed(e);
-        }
-        result
+        self.admit_in(
+            user,
+            &workload,
+            classified,
+            &query.text,
+            settings,
+            notices,
+            record,
+        )
+        .await
     }
 
     fn fingerprint_of(&self, text: &str) -> sluice_sql::Fingerprint {
@@ -1106,20 +1143,19 @@ impl Connection {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn admit_and_run(
+    async fn admit_in(
         &self,
         user: &str,
         workload: &str,
         classified: Option<Arc<crate::state::Classified>>,
-        query: Query,
+        text: &str,
         settings: QuerySettings,
-        params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
-    ) -> Result<Outcome> {
+    ) -> Result<Admitted> {
         let mut attachments: Vec<Attachment> = Vec::new();
         let pid = self.cancel.get().map(|((pid, _), _)| *pid);
-        let guard = self.shared.register(user, workload, &query.text, pid);
+        let guard = self.shared.register(user, workload, text, pid);
         // Only a statement a rule placed can be placed again while it waits.
         let placed_by_rule = classified.is_some();
         guard.classified(classified);
@@ -1227,13 +1263,6 @@ impl Connection {
         // First in, so first dropped: the statement leaves system.processes before its
         // permits are released, and is never seen running beside its successor.
         let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
-        crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
-        let options = ExecuteOptions {
-            target_partitions: threads,
-            io: crate::disks::DiskGate::for_statement(&self.shared, &grant),
-            memory: memory.map(|m| m as Arc<dyn sluice_engine::MemoryCharge>),
-            cpu: crate::lease::SlotLease::for_statement(&self.shared, &grant),
-        };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings
             .max_execution_time
@@ -1244,7 +1273,40 @@ impl Connection {
                     .and_then(|u| u.max_execution_time)
             })
             .or(lanes.max_execution_time);
-        let mut stop = self.stop(limit, Some(grant), control);
+        let stop = self.stop(limit, Some(grant.clone()), control);
+        Ok(Admitted {
+            hold,
+            grant,
+            threads,
+            memory,
+            reserve_memory: settings.reserve_memory,
+            stop,
+        })
+    }
+
+    /// Runs an admitted statement on the engine; its rows stream while what it holds is held.
+    async fn execute_admitted(
+        &self,
+        admitted: Admitted,
+        query: &Query,
+        params: Vec<ScalarValue>,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Outcome> {
+        let Admitted {
+            hold,
+            grant,
+            threads,
+            memory,
+            mut stop,
+            ..
+        } = admitted;
+        crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
+        let options = ExecuteOptions {
+            target_partitions: threads,
+            io: crate::disks::DiskGate::for_statement(&self.shared, &grant),
+            memory: memory.map(|m| m as Arc<dyn sluice_engine::MemoryCharge>),
+            cpu: crate::lease::SlotLease::for_statement(&self.shared, &grant),
+        };
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
@@ -1583,7 +1645,7 @@ pub fn script_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
-fn user_of<C: ClientInfo>(client: &C) -> String {
+pub(crate) fn user_of<C: ClientInfo>(client: &C) -> String {
     client
         .metadata()
         .get(METADATA_USER)
@@ -1608,11 +1670,28 @@ impl NoopStartupHandler for Connection {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         self.apply_startup_options(client.metadata());
+        // In upstream mode the client sees the upstream's parameters (its server_version
+        // above all: psql and drivers choose their catalog queries by it).
+        for (name, value) in self.server_parameters() {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
+                    name, value,
+                )))
+                .await?;
+        }
         Ok(())
     }
 }
 
 impl StartupOptions for Connection {
+    fn server_parameters(&self) -> Vec<(String, String)> {
+        self.shared
+            .upstream
+            .as_ref()
+            .map(|u| u.parameters())
+            .unwrap_or_default()
+    }
+
     /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
     fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
         if let Some(database) = metadata.get("database") {
@@ -1782,7 +1861,7 @@ impl ExtendedQueryHandler for Connection {
 
 impl Connection {
     /// Registers this connection's cancel signal under its key (once).
-    fn cancellable<C: ClientInfo>(&self, client: &C) {
+    pub(crate) fn cancellable<C: ClientInfo>(&self, client: &C) {
         if self.cancel.get().is_none() {
             let (pid, secret) = client.pid_and_secret_key();
             let key = (pid, secret.to_bytes().to_vec());

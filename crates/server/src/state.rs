@@ -48,6 +48,9 @@ pub struct ServerOptions {
     /// `server.engine_memory_ratio`: the share of `machine.memory` the engine's queries may
     /// hold together ([`DEFAULT_ENGINE_MEMORY_RATIO`] by default).
     pub engine_memory_ratio: f64,
+    /// `[upstream]` / `--upstream`: statements that are not sluice's own are forwarded there
+    /// (`None`: the embedded engine runs them).
+    pub upstream: Option<crate::forward::UpstreamOptions>,
 }
 
 /// The share of the machine's memory the engine may use when the config says nothing: the
@@ -100,6 +103,7 @@ impl ServerOptions {
             query_log_size: crate::query_log::DEFAULT_SIZE,
             strict_clickhouse: false,
             engine_memory_ratio: DEFAULT_ENGINE_MEMORY_RATIO,
+            upstream: None,
         }
     }
 
@@ -303,6 +307,8 @@ pub struct Shared {
     pub query_log: crate::query_log::QueryLog,
     /// `[disks]`, resolved: where IO resources schedule file reads and writes.
     pub disks: crate::disks::Disks,
+    /// Upstream mode's database, its pool and parameters.
+    pub upstream: Option<Arc<crate::forward::Upstream>>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -349,6 +355,10 @@ impl Shared {
             lanes,
             query_log,
             disks: crate::disks::Disks::new(&options.disks),
+            upstream: options
+                .upstream
+                .clone()
+                .map(|u| Arc::new(crate::forward::Upstream::new(u))),
             users,
             tls,
             tls_cert_pem,

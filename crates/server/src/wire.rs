@@ -167,6 +167,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     tls: Option<TlsAcceptor>,
     handlers: H,
     terminate: Arc<tokio::sync::Notify>,
+    mut forwarding: Option<(crate::forward::Forwarder, Arc<crate::session::Connection>)>,
 ) -> io::Result<()> {
     let startup_deadline = tokio::time::sleep(STARTUP_TIMEOUT);
     tokio::pin!(startup_deadline);
@@ -229,6 +230,21 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         if matches!(message, PgWireFrontendMessage::Terminate(_)) {
             break;
         }
+        // Upstream mode: what is not sluice's own goes upstream; before sluice answers a
+        // message itself, what was forwarded before it is answered.
+        let message = match forwarding.as_mut() {
+            Some((forwarder, connection)) if !starting => match forwarder.route(message) {
+                crate::forward::Routed::Upstream(step) => {
+                    forwarder.forward(step, &mut socket, connection).await?;
+                    continue;
+                }
+                crate::forward::Routed::Local(message) => {
+                    forwarder.settle(&mut socket, connection).await?;
+                    message
+                }
+            },
+            _ => message,
+        };
         let in_extended = match socket.state() {
             PgWireConnectionState::CopyInProgress(extended) => extended,
             _ => message.is_extended_query(),

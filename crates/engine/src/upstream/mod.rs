@@ -316,6 +316,14 @@ pub struct UpstreamConnection {
     /// ReadyForQuery read takes one (messages sent raw with [`UpstreamConnection::send`]
     /// count only if the caller adds them).
     pub awaiting: usize,
+    /// Statements prepared on this connection under sluice's pooled names (transaction
+    /// pooling shares them between the clients the connection is lent to).
+    pub prepared: std::collections::HashSet<String>,
+    /// A client may have changed the session beyond its transaction (a `SET`, a temporary
+    /// table, a hold cursor): the connection is reset before it is lent again.
+    pub dirty: bool,
+    /// The `SET`s sluice last sent to carry a grant (so unchanged ones are not sent again).
+    pub applied: String,
 }
 
 impl UpstreamConnection {
@@ -354,6 +362,9 @@ impl UpstreamConnection {
             cancel: None,
             transaction: b'I',
             awaiting: 0,
+            prepared: Default::default(),
+            dirty: false,
+            applied: String::new(),
         };
         let mut buf = BytesMut::new();
         frontend::startup_message(

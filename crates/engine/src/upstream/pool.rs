@@ -5,6 +5,9 @@
 //! Invariants:
 //! - A lent connection is idle when lent: no transaction open, nothing unread, not closed by
 //!   the upstream (checked without a round trip when it is taken from the idle list).
+//! - A connection given back idle and clean (its client changed nothing beyond the
+//!   transaction: [`UpstreamConnection::dirty`] unset) is lent again as it is; any other is
+//!   reset first.
 //! - A connection given back inside a transaction (status `T` or `E`: its client went away
 //!   mid-transaction) is rolled back before it is reset; one whose reset fails, or that was
 //!   lost, is closed and its place freed — never lent again.
@@ -122,10 +125,12 @@ impl UpstreamPool {
                 None => break None,
             }
         };
-        let conn = match idle {
+        let mut conn = match idle {
             Some(conn) => conn,
             None => self.connect().await?,
         };
+        // Until the borrower says otherwise, it may change anything.
+        conn.dirty = true;
         Ok(Lent {
             conn: Some(conn),
             pool: inner.clone(),
@@ -198,6 +203,14 @@ impl Drop for Lent {
             return;
         };
         let pool = self.pool.clone();
+        if !conn.dirty && conn.awaiting == 0 && conn.transaction == b'I' {
+            // Nothing of its client's outlives the transaction: lent again as it is.
+            pool.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
+            return;
+        }
         let slot = std::mem::replace(&mut self._slot, placeholder_permit());
         runtime.spawn(async move {
             if let Some(conn) = reset(conn).await {
@@ -239,6 +252,9 @@ async fn reset(mut conn: UpstreamConnection) -> Option<UpstreamConnection> {
         run(&mut conn, "ROLLBACK", deadline).await?;
     }
     run(&mut conn, RESET, deadline).await?;
+    conn.prepared.clear();
+    conn.applied.clear();
+    conn.dirty = false;
     (conn.transaction == b'I').then_some(conn)
 }
 

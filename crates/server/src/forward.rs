@@ -1,0 +1,1383 @@
+//! # Upstream mode: statements forwarded to a Postgres-wire database
+//!
+//! With `--upstream URL` sluice is a gateway: it answers its own statements (the workload
+//! dialect, `system.*`, `SET/SHOW workload` and its other settings, `KILL QUERY`, …) as
+//! always, and forwards every other message of a client's conversation to the upstream, at
+//! the message level: rows, errors, notices and COPY data reach the client as the upstream
+//! sent them, never decoded into values. Only what the workload tree admits is forwarded: a
+//! statement waits for its QUERY slot (and its memory, its CPU threads) exactly as on the
+//! embedded engine, and holds them until the upstream's ReadyForQuery ends its answer (with
+//! `admission = 'transaction'`, until its transaction ends).
+//!
+//! The [`Forwarder`] is one client's side of that. Extended-protocol messages are collected
+//! until Sync (or Flush) and sent in one write, so a driver's round trip stays one round trip;
+//! what the upstream answers is matched to what was sent ([`Answer`]), which lets sluice add
+//! messages of its own (a statement re-prepared on another pooled connection, the `SET`s that
+//! carry a grant to the upstream) and answer some itself, without the client seeing either.
+//!
+//! Invariants:
+//! - The client receives the answers to its messages in the order it sent them, whether
+//!   sluice or the upstream answers; a message of sluice's own is handled only after every
+//!   forwarded message before it has its answer.
+//! - A forwarded statement is admitted before any of it reaches the upstream, and what it
+//!   holds is released when its answer is complete, when it is cancelled, or when its client
+//!   or the upstream goes away; a lost upstream connection is never lent again.
+//! - In transaction pooling a connection is lent from the first forwarded message of a
+//!   transaction to the ReadyForQuery that ends it, and what a client prepared is prepared
+//!   again (under sluice's own name, one per text and types) on whatever connection it gets;
+//!   a connection whose session state a client may have changed is reset (`DISCARD ALL`)
+//!   before it is lent again, so nothing leaks between clients.
+//! - A statement's `SETTINGS` tail is cut off; its text otherwise reaches the upstream as the
+//!   client wrote it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use futures::{SinkExt, StreamExt};
+use pgwire::api::ClientInfo;
+use pgwire::error::{ErrorInfo, PgWireError};
+use pgwire::messages::extendedquery::{
+    Bind, Close, Describe, Execute, Flush, Parse, Sync as SyncMessage, TARGET_TYPE_BYTE_PORTAL,
+    TARGET_TYPE_BYTE_STATEMENT,
+};
+use pgwire::messages::response::TransactionStatus;
+use pgwire::messages::simplequery::Query as QueryMessage;
+use pgwire::messages::{Message, PgWireBackendMessage, PgWireFrontendMessage};
+use pgwire::tokio::server::PgWireMessageServerCodec;
+pub use sluice_engine::upstream::UpstreamUrl;
+use sluice_engine::upstream::{Frame, Lent, UpstreamConnection, UpstreamPool};
+use sluice_sql::{ClientStatement, Error, Query, StatementKind};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_util::codec::Framed;
+
+use crate::record::RunRecord;
+use crate::session::{Admitted, Connection};
+use crate::wire::Corked;
+
+/// `[upstream]` / `--upstream`.
+#[derive(Debug, Clone)]
+pub struct UpstreamOptions {
+    pub url: UpstreamUrl,
+    /// Connections sluice opens to the upstream at most.
+    pub pool_size: usize,
+    pub pool_mode: PoolMode,
+    pub admission: AdmissionMode,
+}
+
+/// How long a client keeps an upstream connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// From its first forwarded statement to its disconnect (`LISTEN`, session `SET`s,
+    /// prepared statements all work as direct).
+    Session,
+    /// For one transaction (a statement outside one is a transaction of its own).
+    Transaction,
+}
+
+/// What one admission covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionMode {
+    /// Each statement (each simple Query, each extended-protocol batch up to Sync).
+    Statement,
+    /// A whole transaction: the slot is held from its first statement to its end.
+    Transaction,
+}
+
+impl std::str::FromStr for PoolMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "session" => Ok(PoolMode::Session),
+            "transaction" => Ok(PoolMode::Transaction),
+            other => Err(format!(
+                "pool_mode is 'session' or 'transaction', got '{other}'"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for AdmissionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "statement" => Ok(AdmissionMode::Statement),
+            "transaction" => Ok(AdmissionMode::Transaction),
+            other => Err(format!(
+                "admission is 'statement' or 'transaction', got '{other}'"
+            )),
+        }
+    }
+}
+
+/// The upstream, as the server shares it: its pool and what it announced at start-up.
+#[derive(Debug)]
+pub struct Upstream {
+    pub options: UpstreamOptions,
+    pub pool: UpstreamPool,
+    /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
+    /// passed on to clients at their start-up so they see the upstream's.
+    parameters: Mutex<Vec<(String, String)>>,
+}
+
+/// Parameters of the upstream a client is told at start-up: those that describe the server
+/// and how it formats values (not the upstream session's user or application name).
+const PASSED_PARAMETERS: &[&str] = &[
+    "server_version",
+    "server_encoding",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "integer_datetimes",
+    "standard_conforming_strings",
+    "default_transaction_read_only",
+    "in_hot_standby",
+];
+
+impl Upstream {
+    pub fn new(options: UpstreamOptions) -> Upstream {
+        Upstream {
+            pool: UpstreamPool::new(options.url.clone(), options.pool_size),
+            options,
+            parameters: Mutex::default(),
+        }
+    }
+
+    /// Connects once to learn the upstream's parameters; an upstream that is down is only
+    /// logged (sluice serves its own statements meanwhile, forwarded ones fail fast).
+    pub async fn probe(&self) {
+        match self.pool.checkout().await {
+            Ok(lent) => {
+                self.note_parameters(&lent);
+                tracing::info!(
+                    "upstream {} ({} connections at most, {:?} pooling)",
+                    self.options.url,
+                    self.options.pool_size,
+                    self.options.pool_mode
+                );
+            }
+            Err(e) => tracing::warn!("upstream {}: {e}", self.options.url),
+        }
+    }
+
+    fn note_parameters(&self, conn: &UpstreamConnection) {
+        let passed: Vec<_> = conn
+            .parameters
+            .iter()
+            .filter(|(k, _)| PASSED_PARAMETERS.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        *self.parameters.lock().unwrap_or_else(|p| p.into_inner()) = passed;
+    }
+
+    /// What clients are told at start-up (empty until the upstream was reached once).
+    pub fn parameters(&self) -> Vec<(String, String)> {
+        self.parameters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Whether a statement is sluice's own in upstream mode (everything else is forwarded).
+pub fn is_sluices(statement: &ClientStatement) -> bool {
+    match statement {
+        ClientStatement::Workload(_)
+        | ClientStatement::KillQuery { .. }
+        | ClientStatement::MoveQuery { .. }
+        | ClientStatement::SignalBackend { .. }
+        | ClientStatement::Fingerprint { .. }
+        | ClientStatement::ShowEntities(_)
+        | ClientStatement::ShowCreate { .. } => true,
+        ClientStatement::Set { name, .. } | ClientStatement::Show(name) => {
+            crate::session::KNOWN_SETTINGS.contains(&name.as_str())
+        }
+        ClientStatement::Query(query) => mentions_system(&query.text),
+        ClientStatement::Transaction(_)
+        | ClientStatement::Declare { .. }
+        | ClientStatement::Fetch { .. }
+        | ClientStatement::Close(_)
+        | ClientStatement::CopyOut { .. } => false,
+    }
+}
+
+/// `system.` as the start of a qualified name (not inside another identifier).
+fn mentions_system(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let needle = b"system.";
+    bytes.windows(needle.len()).enumerate().any(|(i, w)| {
+        w.eq_ignore_ascii_case(needle)
+            && (i == 0
+                || !(bytes[i - 1].is_ascii_alphanumeric()
+                    || matches!(bytes[i - 1], b'_' | b'.' | b'"')))
+    })
+}
+
+/// A text to forward: what reaches the upstream (the `SETTINGS` tail cut), and the statement
+/// as admission sees it.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    sql: String,
+    query: Query,
+    /// Whether running it may change the session's state beyond the transaction.
+    changes_session: bool,
+}
+
+/// `text` as one forwarded statement; `None` if it is sluice's own.
+fn forwarded(text: &str) -> Option<Forwarded> {
+    let statement = match sluice_sql::statement(text) {
+        Ok(Some(s)) => s,
+        // Empty, or not one statement sluice can read: the upstream says what it makes of it.
+        Ok(None) | Err(_) => {
+            return Some(Forwarded {
+                sql: text.to_string(),
+                query: utility(text),
+                changes_session: false,
+            })
+        }
+    };
+    if is_sluices(&statement) {
+        return None;
+    }
+    Some(match statement {
+        ClientStatement::Query(query) => {
+            let sql = if query.settings.is_empty() {
+                text.to_string()
+            } else {
+                query.text.clone()
+            };
+            let changes_session = !matches!(
+                query.kind,
+                StatementKind::Select
+                    | StatementKind::Insert
+                    | StatementKind::Update
+                    | StatementKind::Delete
+            ) || sluice_sql::mentions(text, "set_config")
+                || sluice_sql::mentions(text, "pg_advisory")
+                || sluice_sql::mentions(text, "prepare");
+            Forwarded {
+                sql,
+                query,
+                changes_session,
+            }
+        }
+        ClientStatement::Transaction(_) => Forwarded {
+            sql: text.to_string(),
+            query: utility(text),
+            changes_session: false,
+        },
+        _ => Forwarded {
+            sql: text.to_string(),
+            query: utility(text),
+            changes_session: true,
+        },
+    })
+}
+
+fn utility(text: &str) -> Query {
+    Query {
+        text: text.to_string(),
+        settings: Vec::new(),
+        kind: StatementKind::Utility,
+        literals: Vec::new(),
+        nesting: 0,
+    }
+}
+
+/// A statement the client prepared for the upstream.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    forwarded: Forwarded,
+    types: Vec<u32>,
+    /// Its name on upstream connections in transaction pooling (one per text and types, so
+    /// clients preparing the same statement share it).
+    pooled_name: String,
+}
+
+impl Prepared {
+    fn new(forwarded: Forwarded, types: Vec<u32>) -> Prepared {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        forwarded.sql.hash(&mut h);
+        types.hash(&mut h);
+        Prepared {
+            pooled_name: format!("sluice_{:016x}", h.finish()),
+            forwarded,
+            types,
+        }
+    }
+
+    fn parse(&self, name: &str) -> Parse {
+        Parse::new(
+            Some(name.to_string()),
+            self.forwarded.sql.clone(),
+            self.types.clone(),
+        )
+    }
+}
+
+/// A message for the upstream, with what routing found out about it.
+#[derive(Debug)]
+pub enum Step {
+    /// A simple Query: its statements, each with what is forwarded of it (`None`: sluice's).
+    Query {
+        text: String,
+        pieces: Vec<(String, Option<Forwarded>)>,
+    },
+    Parse {
+        name: String,
+        prepared: Prepared,
+    },
+    Bind {
+        bind: Bind,
+        prepared: Option<Prepared>,
+    },
+    DescribeStatement {
+        name: String,
+        prepared: Option<Prepared>,
+    },
+    Execute {
+        execute: Execute,
+        prepared: Option<Prepared>,
+    },
+    /// Describe or Close of a portal: passed as it is.
+    Portal(PgWireFrontendMessage, Ends),
+    CloseStatement {
+        name: String,
+    },
+    Sync,
+    Flush,
+}
+
+/// What routing made of a client's message.
+#[derive(Debug)]
+pub enum Routed {
+    /// sluice answers it (pgwire's handlers, as without an upstream).
+    Local(PgWireFrontendMessage),
+    Upstream(Step),
+}
+
+/// How the answer to one message sent upstream is handled, in the order sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Expect {
+    answer: Answer,
+    /// The pooled statement name a Parse creates on the connection (undone if it fails).
+    prepares: Option<String>,
+}
+
+impl Expect {
+    fn relay(ends: Ends) -> Expect {
+        Expect {
+            answer: Answer::Relay(ends),
+            prepares: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// Passed to the client.
+    Relay(Ends),
+    /// Read and dropped (a message sluice added).
+    Swallow(Ends),
+    /// Not sent upstream: sluice answers with this message type (an empty body), in order.
+    Synthetic(u8),
+}
+
+/// Where an answer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// One message (ParseComplete, BindComplete, CloseComplete, a portal's description).
+    One,
+    /// A statement's description: ParameterDescription, then RowDescription or NoData.
+    Description,
+    /// An Execute's: rows up to CommandComplete, EmptyQueryResponse or PortalSuspended.
+    Execution,
+    /// A Sync's or a simple Query's: up to ReadyForQuery.
+    Ready,
+}
+
+impl Ends {
+    fn by(self, tag: u8) -> bool {
+        match self {
+            Ends::One => true,
+            Ends::Description => matches!(tag, b'T' | b'n'),
+            Ends::Execution => matches!(tag, b'C' | b'I' | b's'),
+            Ends::Ready => tag == b'Z',
+        }
+    }
+}
+
+/// What one forwarded statement (or transaction) holds while it runs upstream.
+struct Running {
+    admitted: Admitted,
+    /// Written last, once the statement let go of everything.
+    record: Option<RunRecord>,
+    /// Set once the stop fired: the error the client gets instead of the upstream's cancel.
+    stopped: Option<Error>,
+    failed: bool,
+}
+
+impl Running {
+    fn end(mut self) {
+        if let Some(record) = self.record.as_mut() {
+            if !self.failed {
+                record.finished();
+            }
+        }
+        let Running {
+            admitted, record, ..
+        } = self;
+        drop(admitted);
+        drop(record);
+    }
+}
+
+/// Where a batch stands after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failed {
+    No,
+    /// The upstream failed a message: it skips the rest up to Sync, whose ReadyForQuery it
+    /// sends.
+    Upstream,
+    /// sluice refused the batch before sending it (admission, no connection): it skips the
+    /// rest up to Sync and answers that itself.
+    Here,
+}
+
+/// One client's forwarding state.
+pub struct Forwarder {
+    upstream: Arc<Upstream>,
+    lent: Option<Lent>,
+    /// The client's statements for the upstream, by the client's names.
+    statements: HashMap<String, Prepared>,
+    /// Names the client gave statements and portals that sluice answers.
+    local_statements: HashSet<String>,
+    local_portals: HashSet<String>,
+    /// The upstream portals, with the statement each was bound from.
+    portals: HashMap<String, Prepared>,
+    /// Extended-protocol messages not sent yet (up to the next Sync or Flush).
+    pending: Vec<Step>,
+    failed: Failed,
+    /// Forwarded messages were sent since the last Sync (the Sync goes upstream too).
+    in_batch: bool,
+    running: Option<Running>,
+    /// The status of the upstream's last ReadyForQuery.
+    status: u8,
+    /// The last exchange's answer held an error.
+    last_failed: bool,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("lent", &self.lent.is_some())
+            .field("status", &(self.status as char))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The client's socket, as the connection loop has it.
+pub type Socket<S, T> = Framed<Corked<S>, PgWireMessageServerCodec<T>>;
+
+/// I/O with the client failed: the connection ends.
+type ClientResult<T> = std::io::Result<T>;
+
+impl Forwarder {
+    pub fn new(upstream: Arc<Upstream>) -> Forwarder {
+        Forwarder {
+            upstream,
+            lent: None,
+            statements: HashMap::new(),
+            local_statements: HashSet::new(),
+            local_portals: HashSet::new(),
+            portals: HashMap::new(),
+            pending: Vec::new(),
+            failed: Failed::No,
+            in_batch: false,
+            running: None,
+            status: b'I',
+            last_failed: false,
+        }
+    }
+
+    /// The upstream's parameters a new client is told.
+    pub fn parameters(&self) -> Vec<(String, String)> {
+        self.upstream.parameters()
+    }
+
+    /// Where `message` goes. Called for every message in the order the client sent them, so
+    /// the names it defines and drops are followed here.
+    pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
+        let name = |n: &Option<String>| n.clone().unwrap_or_default();
+        let step = match message {
+            PgWireFrontendMessage::Query(q) => {
+                let pieces: Vec<(String, Option<Forwarded>)> =
+                    match crate::session::script_statements(&q.query).as_slice() {
+                        [_] => vec![(q.query.clone(), forwarded(&q.query))],
+                        many => many.iter().map(|p| (p.clone(), forwarded(p))).collect(),
+                    };
+                if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
+                    return Routed::Local(PgWireFrontendMessage::Query(q));
+                }
+                Step::Query {
+                    text: q.query,
+                    pieces,
+                }
+            }
+            PgWireFrontendMessage::Parse(p) => {
+                let statement = name(&p.name);
+                match forwarded(&p.query) {
+                    Some(f) => {
+                        self.local_statements.remove(&statement);
+                        let prepared = Prepared::new(f, p.type_oids);
+                        self.statements.insert(statement.clone(), prepared.clone());
+                        Step::Parse {
+                            name: statement,
+                            prepared,
+                        }
+                    }
+                    None => {
+                        self.statements.remove(&statement);
+                        self.local_statements.insert(statement);
+                        return Routed::Local(PgWireFrontendMessage::Parse(p));
+                    }
+                }
+            }
+            PgWireFrontendMessage::Bind(b) => {
+                let portal = name(&b.portal_name);
+                if self.local_statements.contains(&name(&b.statement_name)) {
+                    self.portals.remove(&portal);
+                    self.local_portals.insert(portal);
+                    return Routed::Local(PgWireFrontendMessage::Bind(b));
+                }
+                self.local_portals.remove(&portal);
+                let prepared = self.statements.get(&name(&b.statement_name)).cloned();
+                match &prepared {
+                    Some(p) => self.portals.insert(portal, p.clone()),
+                    None => self.portals.remove(&portal),
+                };
+                Step::Bind { bind: b, prepared }
+            }
+            PgWireFrontendMessage::Describe(d) => {
+                let target = name(&d.name);
+                if d.target_type == TARGET_TYPE_BYTE_PORTAL {
+                    if self.local_portals.contains(&target) {
+                        return Routed::Local(PgWireFrontendMessage::Describe(d));
+                    }
+                    Step::Portal(PgWireFrontendMessage::Describe(d), Ends::One)
+                } else {
+                    if self.local_statements.contains(&target) {
+                        return Routed::Local(PgWireFrontendMessage::Describe(d));
+                    }
+                    Step::DescribeStatement {
+                        prepared: self.statements.get(&target).cloned(),
+                        name: target,
+                    }
+                }
+            }
+            PgWireFrontendMessage::Close(c) => {
+                let target = name(&c.name);
+                if c.target_type == TARGET_TYPE_BYTE_PORTAL {
+                    if self.local_portals.remove(&target) {
+                        return Routed::Local(PgWireFrontendMessage::Close(c));
+                    }
+                    self.portals.remove(&target);
+                    Step::Portal(PgWireFrontendMessage::Close(c), Ends::One)
+                } else {
+                    if self.local_statements.remove(&target) {
+                        return Routed::Local(PgWireFrontendMessage::Close(c));
+                    }
+                    self.statements.remove(&target);
+                    Step::CloseStatement { name: target }
+                }
+            }
+            PgWireFrontendMessage::Execute(e) => {
+                let portal = name(&e.name);
+                if self.local_portals.contains(&portal) {
+                    return Routed::Local(PgWireFrontendMessage::Execute(e));
+                }
+                Step::Execute {
+                    prepared: self.portals.get(&portal).cloned(),
+                    execute: e,
+                }
+            }
+            PgWireFrontendMessage::Sync(s) => {
+                if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
+                    return Routed::Local(PgWireFrontendMessage::Sync(s));
+                }
+                Step::Sync
+            }
+            PgWireFrontendMessage::Flush(f) => {
+                if self.pending.is_empty() {
+                    return Routed::Local(PgWireFrontendMessage::Flush(f));
+                }
+                Step::Flush
+            }
+            other => return Routed::Local(other),
+        };
+        Routed::Upstream(step)
+    }
+
+    /// Before sluice answers a message itself: every forwarded message before it gets its
+    /// answer first (a Flush upstream), so the client's answers stay in order.
+    pub async fn settle<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        if !self.pending.is_empty() {
+            self.run_batch(socket, connection, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Forwards one message routed upstream.
+    pub async fn forward<S, T>(
+        &mut self,
+        step: Step,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        match step {
+            Step::Query { text, pieces } => {
+                self.simple_query(text, pieces, socket, connection).await
+            }
+            Step::Sync => self.run_batch(socket, connection, true).await,
+            Step::Flush => self.run_batch(socket, connection, false).await,
+            other => {
+                self.pending.push(other);
+                Ok(())
+            }
+        }
+    }
+
+    /// A simple Query: statements for the upstream go as one Query (one admission); a text
+    /// that mixes sluice's statements with the upstream's runs statement by statement.
+    async fn simple_query<S, T>(
+        &mut self,
+        text: String,
+        pieces: Vec<(String, Option<Forwarded>)>,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        let mixed = pieces.iter().any(|(_, f)| f.is_none());
+        if !mixed {
+            let sql = match pieces.as_slice() {
+                [(_, Some(f))] => f.sql.clone(),
+                _ if pieces
+                    .iter()
+                    .all(|(p, f)| f.as_ref().is_some_and(|f| f.sql == *p)) =>
+                {
+                    text.clone()
+                }
+                _ => pieces
+                    .iter()
+                    .filter_map(|(_, f)| f.as_ref().map(|f| f.sql.clone()))
+                    .collect::<Vec<_>>()
+                    .join(";\n"),
+            };
+            let changes_session = pieces
+                .iter()
+                .any(|(_, f)| f.as_ref().is_some_and(|f| f.changes_session));
+            let admit_as = pieces
+                .into_iter()
+                .find_map(|(_, f)| f)
+                .unwrap_or_else(|| Forwarded {
+                    sql: text.clone(),
+                    query: utility(&text),
+                    changes_session: false,
+                });
+            if !self.begin(socket, connection, Some(&admit_as)).await? {
+                return self.ready(socket).await;
+            }
+            let mut out = BytesMut::new();
+            encode(&QueryMessage::new(sql), &mut out);
+            self.mark(changes_session);
+            return self
+                .relay(
+                    socket,
+                    out,
+                    VecDeque::from([Expect::relay(Ends::Ready)]),
+                    true,
+                )
+                .await;
+        }
+        // Mixed: each statement in turn, one ReadyForQuery at the end; the first error stops.
+        for (piece, forwarded) in pieces {
+            let ok = match forwarded {
+                Some(f) => {
+                    if !self.begin(socket, connection, Some(&f)).await? {
+                        false
+                    } else {
+                        let mut out = BytesMut::new();
+                        encode(&QueryMessage::new(f.sql.clone()), &mut out);
+                        self.mark(f.changes_session);
+                        let answers = VecDeque::from([Expect {
+                            answer: Answer::Swallow(Ends::Ready),
+                            prepares: None,
+                        }]);
+                        // Relayed but for its ReadyForQuery (one ends the whole text).
+                        self.relay(socket, out, answers, false).await?;
+                        !self.last_failed
+                    }
+                }
+                None => {
+                    let result = pgwire::api::query::SimpleQueryHandler::do_query(
+                        connection, socket, &piece,
+                    )
+                    .await;
+                    match result {
+                        Ok(_) => true,
+                        Err(e) => {
+                            send_error(socket, e).await?;
+                            false
+                        }
+                    }
+                }
+            };
+            if !ok {
+                break;
+            }
+        }
+        self.ready(socket).await
+    }
+
+    /// Marks the lent connection as changed beyond its transaction (reset before it is lent
+    /// to another client).
+    fn mark(&mut self, changes_session: bool) {
+        if let Some(lent) = self.lent.as_mut() {
+            lent.dirty |= changes_session || self.upstream.options.pool_mode == PoolMode::Session;
+        }
+    }
+
+    /// Sends the batch collected up to this Sync (`sync`) or Flush.
+    async fn run_batch<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+        sync: bool,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        let steps = std::mem::take(&mut self.pending);
+        match self.failed {
+            Failed::Here => {
+                // Refused before anything was sent: the rest up to Sync is skipped here.
+                if sync {
+                    self.failed = Failed::No;
+                    self.in_batch = false;
+                    return self.ready(socket).await;
+                }
+                return Ok(());
+            }
+            Failed::Upstream if !sync => return Ok(()),
+            _ => {}
+        }
+        let admit_as = steps.iter().find_map(|s| match s {
+            Step::Execute { prepared, .. } => Some(prepared.as_ref().map_or_else(
+                || Forwarded {
+                    sql: String::new(),
+                    query: utility(""),
+                    changes_session: false,
+                },
+                |p| p.forwarded.clone(),
+            )),
+            _ => None,
+        });
+        if self.failed == Failed::No && !self.begin(socket, connection, admit_as.as_ref()).await? {
+            // Refused: the rest up to Sync is skipped here, and the Sync answered.
+            self.failed = Failed::Here;
+            if sync {
+                self.failed = Failed::No;
+                self.in_batch = false;
+                return self.ready(socket).await;
+            }
+            return Ok(());
+        }
+        let Some(lent) = self.lent.as_mut() else {
+            // Only a Sync after an upstream failure gets here without a connection.
+            self.failed = Failed::No;
+            return self.ready(socket).await;
+        };
+        let pooled = self.upstream.options.pool_mode == PoolMode::Transaction;
+        let mut out = BytesMut::new();
+        let mut answers = VecDeque::new();
+        let mut dirty = self.upstream.options.pool_mode == PoolMode::Session;
+        if self.failed == Failed::No {
+            for step in steps {
+                translate(step, lent, pooled, &mut out, &mut answers, &mut dirty);
+            }
+        }
+        lent.dirty |= dirty;
+        if sync {
+            encode(&SyncMessage::new(), &mut out);
+            answers.push_back(Expect::relay(Ends::Ready));
+            self.failed = Failed::No;
+        } else {
+            encode(&Flush::new(), &mut out);
+        }
+        self.in_batch = !sync;
+        self.relay(socket, out, answers, true).await
+    }
+
+    /// Before a statement is sent: its admission (unless what it runs in already holds one)
+    /// and an upstream connection. `false` if either failed: the client was told why.
+    async fn begin<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+        admit_as: Option<&Forwarded>,
+    ) -> ClientResult<bool>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        connection.cancellable(&*socket);
+        if let (Some(forwarded), None) = (admit_as, &self.running) {
+            let user = crate::session::user_of(&*socket);
+            let mut record = None;
+            let admitted = connection
+                .admit(
+                    &user,
+                    &forwarded.query,
+                    &mut crate::session::ClientNotices(socket),
+                    &mut record,
+                )
+                .await;
+            match admitted {
+                Ok(admitted) => {
+                    self.running = Some(Running {
+                        admitted,
+                        record,
+                        stopped: None,
+                        failed: false,
+                    })
+                }
+                Err(e) => {
+                    if let Some(record) = record.as_mut() {
+                        record.failed(&e);
+                    }
+                    drop(record);
+                    write_raw(socket, &error_bytes(&e)).await?;
+                    return Ok(false);
+                }
+            }
+        }
+        if self.lent.is_none() {
+            match self.upstream.pool.checkout().await {
+                Ok(mut lent) => {
+                    if self.upstream.parameters().is_empty() {
+                        self.upstream.note_parameters(&lent);
+                    }
+                    // What this client changes is followed from here (`mark`, `translate`).
+                    lent.dirty = self.upstream.options.pool_mode == PoolMode::Session;
+                    self.lent = Some(lent);
+                }
+                Err(e) => {
+                    self.end_running(Some(&e));
+                    write_raw(socket, &error_bytes(&e)).await?;
+                    return Ok(false);
+                }
+            }
+        }
+        // The grant, carried to the upstream: CPU threads as parallel workers, the memory
+        // reservation as work_mem.
+        if let (Some(running), Some(lent)) = (&self.running, self.lent.as_mut()) {
+            let settings = upstream_settings(&running.admitted);
+            if !settings.is_empty() && lent.applied != settings {
+                lent.applied = settings.clone();
+                lent.dirty = true;
+                let mut out = BytesMut::new();
+                encode(&QueryMessage::new(settings), &mut out);
+                let answers = VecDeque::from([Expect {
+                    answer: Answer::Swallow(Ends::Ready),
+                    prepares: None,
+                }]);
+                self.relay(socket, out, answers, false).await?;
+            }
+        }
+        Ok(self.lent.is_some())
+    }
+
+    /// The statement (or transaction) ended: what it held is let go.
+    fn end_running(&mut self, error: Option<&Error>) {
+        if let Some(mut running) = self.running.take() {
+            if let (Some(e), Some(record)) = (error, running.record.as_mut()) {
+                record.failed(e);
+                running.failed = true;
+            }
+            running.end();
+        }
+    }
+
+    /// sluice's own ReadyForQuery, with the upstream transaction's status.
+    async fn ready<S, T>(&mut self, socket: &mut Socket<S, T>) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        self.settled();
+        write_raw(socket, &[b'Z', 0, 0, 0, 5, self.status]).await?;
+        socket.get_mut().flush().await
+    }
+
+    /// After a ReadyForQuery: the statement's admission ends (with `admission =
+    /// 'transaction'`, only outside a transaction), and in transaction pooling the
+    /// connection goes back to the pool outside a transaction.
+    fn settled(&mut self) {
+        let outside = self.status == b'I';
+        if outside || self.upstream.options.admission == AdmissionMode::Statement {
+            let failed = self.last_failed;
+            if let Some(mut running) = self.running.take() {
+                running.failed |= failed;
+                running.end();
+            }
+        }
+        if outside && self.upstream.options.pool_mode == PoolMode::Transaction {
+            self.lent = None;
+        }
+    }
+
+    /// Sends `out` and passes the answers on, as `answers` says. `settle`: a ReadyForQuery
+    /// read ends the statement's admission (see [`Forwarder::settled`]).
+    async fn relay<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        out: BytesMut,
+        mut answers: VecDeque<Expect>,
+        settle: bool,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        // What pgwire wrote (notices of the admission) goes first.
+        SinkExt::<PgWireBackendMessage>::flush(socket).await?;
+        self.last_failed = false;
+        let Some(lent) = self.lent.as_mut() else {
+            return Ok(());
+        };
+        let readies = answers
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a.answer,
+                    Answer::Relay(Ends::Ready) | Answer::Swallow(Ends::Ready)
+                )
+            })
+            .count();
+        lent.awaiting += readies;
+        if let Err(e) = lent.send(&out).await {
+            return self.lost(socket, e, readies > 0).await;
+        }
+        let token = lent.cancel_token();
+        let mut got_ready = false;
+        loop {
+            while let Some(Expect {
+                answer: Answer::Synthetic(tag),
+                ..
+            }) = answers.front()
+            {
+                write_raw(socket, &[*tag, 0, 0, 0, 4]).await?;
+                answers.pop_front();
+            }
+            let Some(head) = answers.front().cloned() else {
+                break;
+            };
+            let lent = self.lent.as_mut().expect("lent while relaying");
+            let stop = self
+                .running
+                .as_mut()
+                .filter(|r| r.stopped.is_none())
+                .map(|r| &mut r.admitted.stop);
+            let frame = match stop {
+                Some(stop) => tokio::select! {
+                    frame = lent.read_frame() => frame,
+                    e = stop => {
+                        // Cancelled, killed, out of time, or its client went away: the
+                        // upstream is asked to stop, and its answer is still read out.
+                        if let Some(token) = &token {
+                            let _ = token.cancel().await;
+                        }
+                        if let Some(running) = self.running.as_mut() {
+                            running.stopped = Some(e);
+                        }
+                        continue;
+                    }
+                },
+                None => lent.read_frame().await,
+            };
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(e) => return self.lost(socket, e, readies > 0).await,
+            };
+            match frame.tag {
+                // Asynchronous: a notice, a notification, a parameter's new value.
+                b'N' | b'A' => {
+                    write_frame(socket, &frame).await?;
+                    socket.get_mut().flush().await?;
+                    continue;
+                }
+                b'S' => {
+                    lent.dirty = true;
+                    write_frame(socket, &frame).await?;
+                    continue;
+                }
+                b'E' => {
+                    self.last_failed = true;
+                    if let Some(running) = self.running.as_mut() {
+                        running.failed = true;
+                        if let Some(record) = running.record.as_mut() {
+                            record.failed_upstream(&sqlstate(&frame));
+                        }
+                    }
+                    let stopped = self.running.as_ref().and_then(|r| r.stopped.as_ref());
+                    match (head.answer, stopped) {
+                        (Answer::Swallow(Ends::Ready), _) => {}
+                        (_, Some(e)) if sqlstate(&frame) == "57014" => {
+                            write_raw(socket, &error_bytes(e)).await?;
+                        }
+                        _ => write_frame(socket, &frame).await?,
+                    }
+                    if matches!(
+                        head.answer,
+                        Answer::Relay(Ends::Ready) | Answer::Swallow(Ends::Ready)
+                    ) {
+                        continue; // a simple Query's error: its ReadyForQuery follows
+                    }
+                    // The upstream skips the rest up to Sync.
+                    let lent = self.lent.as_mut().expect("lent while relaying");
+                    while let Some(a) = answers.front() {
+                        if matches!(a.answer, Answer::Relay(Ends::Ready)) {
+                            break;
+                        }
+                        if let Some(name) = &a.prepares {
+                            lent.prepared.remove(name);
+                        }
+                        answers.pop_front();
+                    }
+                    if answers.is_empty() {
+                        self.failed = Failed::Upstream;
+                    }
+                    continue;
+                }
+                b'Z' => {
+                    self.status = frame.body.first().copied().unwrap_or(b'I');
+                    socket.set_transaction_status(match self.status {
+                        b'T' => TransactionStatus::Transaction,
+                        b'E' => TransactionStatus::Error,
+                        _ => TransactionStatus::Idle,
+                    });
+                    if matches!(head.answer, Answer::Relay(_)) {
+                        write_frame(socket, &frame).await?;
+                    }
+                    answers.pop_front();
+                    got_ready = true;
+                    continue;
+                }
+                b'G' => {
+                    write_frame(socket, &frame).await?;
+                    socket.get_mut().flush().await?;
+                    let extended = head.answer == Answer::Relay(Ends::Execution);
+                    self.copy_in(socket, extended).await?;
+                    continue;
+                }
+                tag => {
+                    if tag == b'C' {
+                        if let Some(record) = self.running.as_mut().and_then(|r| r.record.as_mut())
+                        {
+                            record.add_rows(rows_of(&frame));
+                        }
+                    }
+                    if let Answer::Relay(_) = head.answer {
+                        write_frame(socket, &frame).await?;
+                    }
+                    let ends = match head.answer {
+                        Answer::Relay(e) | Answer::Swallow(e) => e,
+                        Answer::Synthetic(_) => Ends::One,
+                    };
+                    if ends.by(tag) {
+                        if tag == b'1' {
+                            if let Some(name) = &head.prepares {
+                                let _ = name; // prepared, as recorded when sent
+                            }
+                        }
+                        answers.pop_front();
+                    }
+                }
+            }
+        }
+        if got_ready && settle {
+            self.settled();
+        }
+        socket.get_mut().flush().await
+    }
+
+    /// COPY FROM STDIN: the client's data goes upstream as it comes, up to CopyDone or
+    /// CopyFail (and, in the extended protocol, the Sync after it).
+    async fn copy_in<S, T>(&mut self, socket: &mut Socket<S, T>, extended: bool) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        let mut out = BytesMut::new();
+        let mut done = false;
+        loop {
+            let Some(Ok(message)) = socket.next().await else {
+                return Err(std::io::ErrorKind::ConnectionAborted.into());
+            };
+            let last = match &message {
+                PgWireFrontendMessage::CopyData(_) => false,
+                PgWireFrontendMessage::CopyDone(_) | PgWireFrontendMessage::CopyFail(_) => {
+                    done = true;
+                    !extended
+                }
+                PgWireFrontendMessage::Sync(_) => done,
+                _ => false,
+            };
+            let _ = message.encode(&mut out);
+            if last || out.len() >= 64 * 1024 {
+                let lent = self.lent.as_mut().expect("lent while copying");
+                if let Err(e) = lent.send(&out).await {
+                    // Read on: the relay notices the loss and answers the client.
+                    tracing::debug!("upstream lost during COPY: {e}");
+                    return Ok(());
+                }
+                out.clear();
+            }
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The upstream connection was lost: the client is told (08006, naming the upstream), and
+    /// the connection is closed, never lent again; what the statement held is let go.
+    async fn lost<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        e: Error,
+        ready: bool,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        if let Some(lent) = self.lent.take() {
+            lent.discard();
+        }
+        self.last_failed = true;
+        self.failed = Failed::No;
+        self.in_batch = false;
+        self.status = b'I';
+        socket.set_transaction_status(TransactionStatus::Idle);
+        self.end_running(Some(&e));
+        write_raw(socket, &error_bytes(&e)).await?;
+        if ready {
+            write_raw(socket, &[b'Z', 0, 0, 0, 5, b'I']).await?;
+        }
+        socket.get_mut().flush().await
+    }
+}
+
+/// One step as bytes for the upstream, with what to do with its answer. In transaction
+/// pooling, statements go by their pooled names and are prepared on this connection first
+/// where it lacks them.
+fn translate(
+    step: Step,
+    lent: &mut Lent,
+    pooled: bool,
+    out: &mut BytesMut,
+    answers: &mut VecDeque<Expect>,
+    dirty: &mut bool,
+) {
+    // The statement `prepared` under its pooled name on this connection (if it is not yet).
+    let ensure = |prepared: &Prepared,
+                  lent: &mut Lent,
+                  out: &mut BytesMut,
+                  answers: &mut VecDeque<Expect>| {
+        if lent.prepared.insert(prepared.pooled_name.clone()) {
+            encode(&prepared.parse(&prepared.pooled_name), out);
+            answers.push_back(Expect {
+                answer: Answer::Swallow(Ends::One),
+                prepares: Some(prepared.pooled_name.clone()),
+            });
+        }
+    };
+    match step {
+        Step::Parse { name, prepared } => {
+            *dirty |= prepared.forwarded.changes_session;
+            if pooled && !name.is_empty() {
+                if lent.prepared.insert(prepared.pooled_name.clone()) {
+                    encode(&prepared.parse(&prepared.pooled_name), out);
+                    answers.push_back(Expect {
+                        answer: Answer::Relay(Ends::One),
+                        prepares: Some(prepared.pooled_name.clone()),
+                    });
+                } else {
+                    answers.push_back(Expect {
+                        answer: Answer::Synthetic(b'1'),
+                        prepares: None,
+                    });
+                }
+            } else {
+                encode(&prepared.parse(&name), out);
+                answers.push_back(Expect::relay(Ends::One));
+            }
+        }
+        Step::Bind { mut bind, prepared } => {
+            if let (true, Some(p)) = (pooled, &prepared) {
+                let statement = bind.statement_name.clone().unwrap_or_default();
+                if !statement.is_empty() {
+                    ensure(p, lent, out, answers);
+                    bind.statement_name = Some(p.pooled_name.clone());
+                }
+            }
+            if let Some(p) = &prepared {
+                *dirty |= p.forwarded.changes_session;
+            }
+            encode(&bind, out);
+            answers.push_back(Expect::relay(Ends::One));
+        }
+        Step::DescribeStatement { name, prepared } => {
+            let target = match (pooled, &prepared) {
+                (true, Some(p)) if !name.is_empty() => {
+                    ensure(p, lent, out, answers);
+                    p.pooled_name.clone()
+                }
+                _ => name,
+            };
+            encode(
+                &Describe::new(TARGET_TYPE_BYTE_STATEMENT, Some(target)),
+                out,
+            );
+            answers.push_back(Expect::relay(Ends::Description));
+        }
+        Step::Execute { execute, .. } => {
+            encode(&execute, out);
+            answers.push_back(Expect::relay(Ends::Execution));
+        }
+        Step::Portal(message, ends) => {
+            let _ = message.encode(out);
+            answers.push_back(Expect::relay(ends));
+        }
+        Step::CloseStatement { name } => {
+            if pooled && !name.is_empty() {
+                // Pooled statements are shared: the client's name is forgotten, the
+                // statement stays.
+                answers.push_back(Expect {
+                    answer: Answer::Synthetic(b'3'),
+                    prepares: None,
+                });
+            } else {
+                encode(&Close::new(TARGET_TYPE_BYTE_STATEMENT, Some(name)), out);
+                answers.push_back(Expect::relay(Ends::One));
+            }
+        }
+        Step::Query { .. } | Step::Sync | Step::Flush => {}
+    }
+}
+
+/// The `SET`s that carry a statement's grant to the upstream: its CPU threads as parallel
+/// workers (the master's thread is the leader's), its memory reservation as `work_mem`.
+fn upstream_settings(admitted: &Admitted) -> String {
+    let mut sets = Vec::new();
+    if let Some(threads) = admitted.threads {
+        sets.push(format!(
+            "SET max_parallel_workers_per_gather = {}",
+            threads.saturating_sub(1)
+        ));
+    }
+    if admitted.reserve_memory > 0 {
+        let kb = (admitted.reserve_memory / 1024).max(64);
+        sets.push(format!("SET work_mem = '{kb}kB'"));
+    }
+    sets.join("; ")
+}
+
+/// An ErrorResponse's SQLSTATE.
+fn sqlstate(frame: &Frame) -> String {
+    frame
+        .fields()
+        .into_iter()
+        .find(|(k, _)| *k == b'C')
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+}
+
+/// The rows a CommandComplete tag counts (`SELECT 5`, `INSERT 0 3`), 0 if none.
+fn rows_of(frame: &Frame) -> usize {
+    let tag = frame.body.split(|&b| b == 0).next().unwrap_or_default();
+    std::str::from_utf8(tag)
+        .ok()
+        .and_then(|t| t.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A backend message as the upstream sent it, to the client.
+async fn write_frame<S, T>(socket: &mut Socket<S, T>, frame: &Frame) -> ClientResult<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    let mut header = [frame.tag, 0, 0, 0, 0];
+    header[1..].copy_from_slice(&(frame.body.len() as u32 + 4).to_be_bytes());
+    let io = socket.get_mut();
+    io.write_all(&header).await?;
+    io.write_all(&frame.body).await
+}
+
+async fn write_raw<S, T>(socket: &mut Socket<S, T>, bytes: &[u8]) -> ClientResult<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    SinkExt::<PgWireBackendMessage>::flush(socket).await?;
+    socket.get_mut().write_all(bytes).await
+}
+
+fn encode<M: Message>(message: &M, out: &mut BytesMut) {
+    // Encoding into memory cannot fail for messages pgwire decoded.
+    let _ = message.encode(out);
+}
+
+/// Sends a pgwire error as an ErrorResponse (no ReadyForQuery).
+async fn send_error<S, T>(socket: &mut Socket<S, T>, e: PgWireError) -> ClientResult<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    let info = match e {
+        PgWireError::UserError(info) => *info,
+        other => ErrorInfo::new("ERROR".into(), "XX000".into(), other.to_string()),
+    };
+    socket
+        .send(PgWireBackendMessage::ErrorResponse(info.into()))
+        .await
+}
+
+/// A sluice error as an ErrorResponse message's bytes.
+fn error_bytes(e: &Error) -> BytesMut {
+    let mut out = BytesMut::new();
+    if let PgWireError::UserError(info) = crate::error::to_pg(e) {
+        let _ = PgWireBackendMessage::ErrorResponse((*info).into()).encode(&mut out);
+    }
+    out
+}

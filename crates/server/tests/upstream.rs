@@ -1,0 +1,538 @@
+//! Upstream mode against a real PostgreSQL the test starts (the machine's binaries): what a
+//! client gets through sluice is what it gets going direct — rows in text and binary, NULLs,
+//! parameters, prepared statements, transactions and rollback, errors with every field,
+//! notices, COPY both ways — while sluice answers its own statements, admits the forwarded
+//! ones through the workload tree, forwards cancels, and survives the upstream going away.
+
+mod support;
+
+use std::time::Duration;
+
+use sluice_sched::Machine;
+use sluice_server::forward::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
+use sluice_server::ServerOptions;
+use sluice_testpg::{Auth, Postgres};
+use support::{column, connect, until_waiting, TestServer};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+struct Setup {
+    pg: Postgres,
+    server: TestServer,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn setup(pool_mode: PoolMode, pool_size: usize) -> Setup {
+    let pg_dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
+    pg.psql("CREATE DATABASE shop OWNER owner");
+    let data = tempfile::tempdir().expect("tempdir");
+    let url = UpstreamUrl::parse(&format!(
+        "postgres://owner:owner-pw@127.0.0.1:{}/shop?connect_timeout=5",
+        pg.port
+    ))
+    .expect("url");
+    let server = TestServer::start_with(ServerOptions {
+        upstream: Some(UpstreamOptions {
+            url,
+            pool_size,
+            pool_mode,
+            admission: AdmissionMode::Statement,
+        }),
+        ..ServerOptions::new(
+            data.path(),
+            Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+        )
+    })
+    .await;
+    Setup {
+        pg,
+        server,
+        _dirs: (pg_dir, data),
+    }
+}
+
+impl Setup {
+    async fn direct(&self) -> Client {
+        connect(&format!(
+            "host=127.0.0.1 port={} user=owner password=owner-pw dbname=shop",
+            self.pg.port
+        ))
+        .await
+        .expect("direct")
+    }
+
+    async fn through(&self) -> Client {
+        self.server.client().await
+    }
+}
+
+/// Every message of a simple query, as comparable text.
+async fn simple(client: &Client, sql: &str) -> Vec<String> {
+    match client.simple_query(sql).await {
+        Ok(messages) => messages
+            .into_iter()
+            .map(|m| match m {
+                SimpleQueryMessage::Row(r) => format!(
+                    "row {:?}",
+                    (0..r.len())
+                        .map(|i| r.get(i).map(str::to_string))
+                        .collect::<Vec<_>>()
+                ),
+                SimpleQueryMessage::CommandComplete(n) => format!("complete {n}"),
+                SimpleQueryMessage::RowDescription(d) => format!(
+                    "columns {:?}",
+                    d.iter().map(|c| c.name().to_string()).collect::<Vec<_>>()
+                ),
+                _ => "other".into(),
+            })
+            .collect(),
+        Err(e) => vec![describe_error(&e)],
+    }
+}
+
+/// An error with every field Postgres sends.
+fn describe_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "error {} {} | {:?} | {:?} | {:?} | {:?}",
+            db.code().code(),
+            db.message(),
+            db.detail(),
+            db.hint(),
+            db.position(),
+            db.constraint()
+        ),
+        None => format!("error {e}"),
+    }
+}
+
+const SCHEMA: &str = "CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2), seen timestamptz, tags text[], blob bytea);
+     INSERT INTO items VALUES (1, 'apple', 1.50, '2026-01-02 03:04:05+00', '{a,b}', '\\x0102'),
+                              (2, NULL, NULL, NULL, NULL, NULL),
+                              (3, 'ümlaut ☃', 99999999.99, 'infinity', '{}', '\\x');";
+
+#[tokio::test]
+async fn clients_get_what_they_get_going_direct() {
+    let s = setup(PoolMode::Session, 4).await;
+    let direct = s.direct().await;
+    let through = s.through().await;
+    direct.batch_execute(SCHEMA).await.expect("schema");
+
+    // Simple protocol: rows, NULLs, several statements in one text, errors with all fields.
+    for sql in [
+        "SELECT * FROM items ORDER BY id",
+        "SELECT 1 AS one; SELECT 'two' AS two, NULL AS nothing",
+        "SELECT version() = version()",
+        "INSERT INTO items VALUES (1, 'dup')",
+        "SELECT nope FROM items",
+        "SELECT 1/0",
+        "",
+    ] {
+        assert_eq!(
+            simple(&through, sql).await,
+            simple(&direct, sql).await,
+            "{sql}"
+        );
+    }
+    // Extended protocol with binary results and parameters (tokio-postgres's way).
+    let q =
+        "SELECT id, name, price::text, seen, tags, blob FROM items WHERE id = ANY($1) ORDER BY id";
+    let rows = |rows: Vec<tokio_postgres::Row>| {
+        rows.iter()
+            .map(|r| {
+                format!(
+                    "{:?} {:?} {:?} {:?} {:?} {:?}",
+                    r.get::<_, i32>(0),
+                    r.get::<_, Option<String>>(1),
+                    r.get::<_, Option<String>>(2),
+                    r.get::<_, Option<String>>(3).is_some(),
+                    r.get::<_, Option<Vec<String>>>(4),
+                    r.get::<_, Option<Vec<u8>>>(5)
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let ids: Vec<i32> = vec![1, 2, 3];
+    let q = q.replace("seen,", "seen::text,");
+    assert_eq!(
+        rows(through.query(&q, &[&ids]).await.expect("through")),
+        rows(direct.query(&q, &[&ids]).await.expect("direct"))
+    );
+    // A prepared statement used many times; its description as the upstream gives it.
+    let stmt = through
+        .prepare("SELECT name FROM items WHERE id = $1")
+        .await
+        .expect("prepare");
+    assert_eq!(stmt.params(), &[tokio_postgres::types::Type::INT4]);
+    for id in 1..=3 {
+        let direct_name: Option<String> = direct
+            .query_one("SELECT name FROM items WHERE id = $1", &[&id])
+            .await
+            .expect("direct")
+            .get(0);
+        let name: Option<String> = through
+            .query_one(&stmt, &[&id])
+            .await
+            .expect("through")
+            .get(0);
+        assert_eq!(name, direct_name);
+    }
+    // An extended-protocol error keeps its fields.
+    let through_err = through
+        .execute("INSERT INTO items VALUES ($1, 'again')", &[&1i32])
+        .await
+        .expect_err("duplicate");
+    let direct_err = direct
+        .execute("INSERT INTO items VALUES ($1, 'again')", &[&1i32])
+        .await
+        .expect_err("duplicate");
+    assert_eq!(describe_error(&through_err), describe_error(&direct_err));
+    assert!(describe_error(&through_err).contains("23505"));
+
+    // Transactions: a rollback undoes, a failed transaction says so until it ends.
+    through
+        .batch_execute("BEGIN; INSERT INTO items VALUES (10, 'gone'); ROLLBACK")
+        .await
+        .expect("rollback");
+    assert_eq!(
+        column(&direct, "SELECT count(*) FROM items WHERE id = 10").await,
+        ["0"]
+    );
+    through.batch_execute("BEGIN").await.expect("begin");
+    through
+        .batch_execute("SELECT 1/0")
+        .await
+        .expect_err("fails");
+    let aborted = through
+        .batch_execute("SELECT 1")
+        .await
+        .expect_err("aborted");
+    assert_eq!(
+        aborted.as_db_error().map(|e| e.code().code()),
+        Some("25P02")
+    );
+    through.batch_execute("ROLLBACK").await.expect("rollback");
+    through
+        .batch_execute("BEGIN; INSERT INTO items VALUES (11, 'kept'); COMMIT")
+        .await
+        .expect("commit");
+    assert_eq!(
+        column(&direct, "SELECT name FROM items WHERE id = 11").await,
+        ["kept"]
+    );
+
+    // COPY both ways.
+    {
+        use futures::SinkExt;
+        let sink = through
+            .copy_in("COPY items (id, name) FROM STDIN")
+            .await
+            .expect("copy in");
+        futures::pin_mut!(sink);
+        sink.send(bytes::Bytes::from_static(b"20\tcopied\n21\t\\N\n"))
+            .await
+            .expect("data");
+        assert_eq!(sink.finish().await.expect("finish"), 2);
+    }
+    assert_eq!(
+        simple(
+            &through,
+            "COPY (SELECT id, name FROM items WHERE id >= 20 ORDER BY id) TO STDOUT"
+        )
+        .await,
+        simple(
+            &direct,
+            "COPY (SELECT id, name FROM items WHERE id >= 20 ORDER BY id) TO STDOUT"
+        )
+        .await
+    );
+    let copied = {
+        use futures::TryStreamExt;
+        let out = through
+            .copy_out("COPY (SELECT id, name FROM items WHERE id >= 20 ORDER BY id) TO STDOUT")
+            .await
+            .expect("copy out");
+        futures::pin_mut!(out);
+        let mut all = Vec::new();
+        while let Some(chunk) = out.try_next().await.expect("chunk") {
+            all.extend_from_slice(&chunk);
+        }
+        String::from_utf8(all).expect("utf-8")
+    };
+    assert_eq!(copied, "20\tcopied\n21\t\\N\n");
+
+    // Notices from the upstream reach the client.
+    let (notices_tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let (client, mut connection) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=tester dbname=whatever",
+            s.server.port
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connects");
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        use futures::StreamExt;
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = notices_tx.send(format!(
+                    "{} {} {:?}",
+                    n.code().code(),
+                    n.message(),
+                    n.detail()
+                ));
+            }
+        }
+    });
+    client
+        .batch_execute(
+            "DO $$ BEGIN RAISE NOTICE 'hello from upstream' USING DETAIL = 'the detail'; END $$",
+        )
+        .await
+        .expect("notice");
+    assert_eq!(
+        notices.recv().await.expect("a notice"),
+        "00000 hello from upstream Some(\"the detail\")"
+    );
+
+    // sluice's own statements are answered by sluice, the SETTINGS tail is cut.
+    assert_eq!(column(&through, "SHOW workload").await, ["default"]);
+    through
+        .batch_execute("SET workload = 'reports'")
+        .await
+        .expect("set");
+    assert_eq!(column(&through, "SHOW workload").await, ["reports"]);
+    assert_eq!(
+        column(
+            &through,
+            "SELECT count(*) FROM items SETTINGS workload = 'adhoc'"
+        )
+        .await,
+        column(&direct, "SELECT count(*) FROM items").await
+    );
+    assert_eq!(
+        column(&through, "SELECT count(*) > 0 FROM system.query_log").await,
+        ["t"]
+    );
+    // A Postgres setting goes upstream.
+    through
+        .batch_execute("SET search_path = nowhere, public")
+        .await
+        .expect("set");
+    assert_eq!(
+        column(&through, "SHOW search_path").await,
+        ["nowhere, public"]
+    );
+    // The client saw the upstream's version at start-up.
+    let version = column(&direct, "SHOW server_version").await;
+    assert_eq!(column(&through, "SHOW server_version").await, version);
+}
+
+#[tokio::test]
+async fn transaction_pooling_shares_connections_and_leaks_nothing() {
+    let s = setup(PoolMode::Transaction, 1).await;
+    let direct = s.direct().await;
+    direct
+        .batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1), (2), (3)")
+        .await
+        .expect("schema");
+    let a = s.through().await;
+    let b = s.through().await;
+    // Both prepare the same statement; each uses it on the one pooled connection in turn.
+    let sa = a
+        .prepare("SELECT count(*) FROM t WHERE x >= $1")
+        .await
+        .expect("prepare a");
+    let sb = b
+        .prepare("SELECT count(*) FROM t WHERE x >= $1")
+        .await
+        .expect("prepare b");
+    let other = b.prepare("SELECT sum(x) FROM t").await.expect("prepare b2");
+    for _ in 0..3 {
+        let n: i64 = a.query_one(&sa, &[&2i32]).await.expect("a").get(0);
+        assert_eq!(n, 2);
+        let n: i64 = b.query_one(&sb, &[&1i32]).await.expect("b").get(0);
+        assert_eq!(n, 3);
+        let n: i64 = b.query_one(&other, &[]).await.expect("b2").get(0);
+        assert_eq!(n, 6);
+    }
+    // A transaction keeps its connection: b waits for a's to end.
+    a.batch_execute("BEGIN; INSERT INTO t VALUES (4)")
+        .await
+        .expect("begin");
+    let waiting = {
+        let b = s.through().await;
+        tokio::spawn(async move { column(&b, "SELECT count(*) FROM t").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the only connection is a's until its transaction ends"
+    );
+    a.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(waiting.await.expect("b ran"), ["4"]);
+    // A session setting does not follow the connection to another client.
+    a.batch_execute("SET search_path = nowhere")
+        .await
+        .expect("set");
+    assert_eq!(column(&b, "SHOW search_path").await, ["\"$user\", public"]);
+    // Closing a prepared statement leaves the other client's.
+    drop(sa);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let n: i64 = b
+        .query_one(&sb, &[&3i32])
+        .await
+        .expect("b after a closed")
+        .get(0);
+    assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
+    let s = setup(PoolMode::Session, 4).await;
+    let admin = s.server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
+        )
+        .await
+        .expect("tree");
+    let holder = s.through().await;
+    let cancel = holder.cancel_token();
+    let running = tokio::spawn(async move {
+        holder
+            .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'all'")
+            .await
+    });
+    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    support::until(&admin, held, "1").await;
+    // A second statement waits for the slot, visibly.
+    let waiter = s.through().await;
+    let waiting =
+        tokio::spawn(async move { column(&waiter, "SELECT 42 SETTINGS workload = 'all'").await });
+    until_waiting(&admin, 1).await;
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT waiting_for FROM system.processes WHERE state = 'waiting'"
+        )
+        .await,
+        ["q"]
+    );
+    // A cancel to sluice stops the upstream statement and frees the slot.
+    cancel
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let e = running.await.expect("joined").expect_err("cancelled");
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("57014"));
+    assert_eq!(waiting.await.expect("ran"), ["42"]);
+    assert_eq!(column(&admin, held).await, ["0"]);
+    // The upstream has nothing running any more.
+    let direct = s.direct().await;
+    assert_eq!(
+        column(
+            &direct,
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'"
+        )
+        .await,
+        ["0"]
+    );
+    // max_execution_time: sluice's own timeout, told apart from the upstream's.
+    let e = admin
+        .simple_query("SELECT pg_sleep(30) SETTINGS workload = 'all', max_execution_time = 0.3")
+        .await
+        .expect_err("timed out");
+    let db = e.as_db_error().expect("db error");
+    assert_eq!(db.code().code(), "57014");
+    assert!(
+        db.message().contains("TIMEOUT_EXCEEDED"),
+        "{}",
+        db.message()
+    );
+    assert_eq!(column(&admin, held).await, ["0"]);
+}
+
+#[tokio::test]
+async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
+    let s = setup(PoolMode::Transaction, 4).await;
+    let admin = s.server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8",
+        )
+        .await
+        .expect("tree");
+    let direct = s.direct().await;
+    direct
+        .batch_execute("CREATE TABLE t (x int); INSERT INTO t SELECT generate_series(1, 1000)")
+        .await
+        .expect("schema");
+    // Load: clients running statements in a loop while the upstream is killed.
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let c = s.through().await;
+        load.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..200 {
+                if let Err(e) = c
+                    .simple_query("SELECT sum(x) FROM t SETTINGS workload = 'all'")
+                    .await
+                {
+                    errors.push(
+                        e.as_db_error()
+                            .map(|d| d.code().code().to_string())
+                            .unwrap_or_else(|| "closed".into()),
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            errors
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.pg.kill();
+    let mut codes: Vec<String> = Vec::new();
+    for l in load {
+        codes.extend(l.await.expect("joined"));
+    }
+    assert!(!codes.is_empty(), "the upstream's loss reached the clients");
+    assert!(
+        codes
+            .iter()
+            .all(|c| c == "08006" || c == "57P01" || c == "57P02" || c == "57P03"),
+        "{codes:?}"
+    );
+    // sluice keeps serving its own statements; nothing is held.
+    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    assert_eq!(column(&admin, held).await, ["0"]);
+    let c = s.through().await;
+    let started = std::time::Instant::now();
+    let e = c.simple_query("SELECT 1").await.expect_err("down");
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("08006"));
+    assert!(e
+        .as_db_error()
+        .is_some_and(|d| d.message().contains(&format!("127.0.0.1:{}", s.pg.port))));
+    assert!(started.elapsed() < Duration::from_secs(5), "fails fast");
+    // Back up: service resumes (after the pool's backoff).
+    s.pg.restart();
+    let mut resumed = false;
+    for _ in 0..100 {
+        if let Ok(rows) = c.simple_query("SELECT count(*) FROM t").await {
+            resumed = rows
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::Row(r) if r.get(0) == Some("1000")));
+            if resumed {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resumed, "service resumed");
+    assert_eq!(column(&admin, held).await, ["0"]);
+}
