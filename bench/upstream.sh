@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# pgbench -S (the read-only TPC-B-like script) side by side, one run on this machine:
+# straight to PostgreSQL, through PgBouncer (session and transaction pooling) and through
+# sluice in upstream mode (session and transaction pooling) with a three-level workload tree
+# (all > prod > bench, a QUERY resource). For each protocol (simple, prepared) and client count
+# (1, 16, 64): TPS and p50/p99 latency, with sluice's TPS as a ratio of PgBouncer's in the
+# same pooling mode and of direct.
+#
+#   bench/upstream.sh [SECONDS_PER_RUN]      (default 10)
+#
+# SLUICE_BIN=path uses that binary instead of building one. Needs pgbench, pgbouncer
+# (Debian's `pgbouncer`) and PostgreSQL's server binaries. Everything runs on loopback, in a
+# temp dir. Every pool (PgBouncer's and sluice's) is 64 connections, so session pooling can
+# seat every client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-10}"
+export PATH="$PATH:/usr/local/bin:/usr/sbin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
+for tool in pgbench initdb pg_ctl pgbouncer; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
+done
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
+
+work="$(mktemp -d)"
+pg_port=54339
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ -z "${SLUICE_BIN:-}" ]; then
+  echo "== building sluice (release)" >&2
+  cargo build --release --quiet --bin sluice
+  SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
+fi
+
+echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
+if [ "$(id -u)" = 0 ]; then
+  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+  chown postgres "$work"; chmod 755 "$work"
+fi
+as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
+as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
+  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_buffers=128MB\" start >/dev/null"
+pgbench -i -s 10 -q -h 127.0.0.1 -p "$pg_port" -U bench postgres >/dev/null 2>&1
+
+# PgBouncer, one instance per pooling mode.
+start_pgbouncer() {
+  local mode=$1 port=$2 dir="$work/pgbouncer-$1"
+  mkdir -p "$dir"
+  cat > "$dir/pgbouncer.ini" <<INI
+[databases]
+postgres = host=127.0.0.1 port=$pg_port user=bench dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = any
+pool_mode = $mode
+default_pool_size = 64
+max_client_conn = 500
+logfile = $dir/log
+INI
+  [ "$(id -u)" = 0 ] && chown -R postgres "$dir"
+  if [ "$(id -u)" = 0 ]; then pgbouncer -u postgres "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  else pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 & fi
+  pids+=($!)
+  for _ in $(seq 100); do
+    (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "bench: pgbouncer ($mode) did not start" >&2; exit 1
+}
+
+# sluice in upstream mode, one instance per pooling mode, a three-level tree.
+start_sluice() {
+  local mode=$1 port=$2 dir="$work/sluice-$1"
+  mkdir -p "$dir"
+  cat > "$dir/sluice.toml" <<TOML
+[upstream]
+url = "postgres://bench@127.0.0.1:$pg_port/postgres"
+pool_size = 64
+pool_mode = "$mode"
+
+[catalog]
+statements = """
+CREATE RESOURCE slots (QUERY);
+CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
+CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
+CREATE WORKLOAD bench IN prod;
+CREATE WORKLOAD dev IN all SETTINGS priority = 1;
+"""
+TOML
+  "$SLUICE_BIN" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" --data-dir "$dir/data" \
+    >/dev/null 2>"$dir.log" &
+  pids+=($!)
+  for _ in $(seq 100); do
+    grep -q "listening on" "$dir.log" 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "bench: sluice ($mode) did not start" >&2; cat "$dir.log" >&2; exit 1
+}
+
+echo "== starting PgBouncer ($(pgbouncer --version | head -1)) and sluice ($SLUICE_BIN)" >&2
+start_pgbouncer session 6441
+start_pgbouncer transaction 6442
+start_sluice session 6443
+start_sluice transaction 6444
+
+# run PORT MODE CLIENTS -> "tps p50_ms p99_ms"
+run() {
+  local port=$1 mode=$2 clients=$3
+  rm -f "$work"/log.*
+  local out
+  out=$(cd "$work" && PGOPTIONS="$( { [ "$port" = 6443 ] || [ "$port" = 6444 ]; } && echo '-c workload=bench' )" \
+    pgbench -n -S -M "$mode" -c "$clients" -j "$clients" -T "$seconds" \
+      -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log postgres 2>&1 || true)
+  local tps
+  tps=$(echo "$out" | awk '/^tps = / {print $3}')
+  if [ -z "$tps" ]; then
+    echo "bench: pgbench against port $port ($mode, $clients clients) failed:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  cat "$work"/log.* | awk '{print $3}' | sort -n > "$work/lat"
+  local n p50 p99
+  n=$(wc -l < "$work/lat")
+  p50=$(awk -v n="$n" 'NR == int(n * 0.50) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  p99=$(awk -v n="$n" 'NR == int(n * 0.99) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  echo "$tps $p50 $p99"
+}
+
+echo
+echo "pgbench -S, scale 10, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
+echo
+echo "| protocol | clients | pooling | direct TPS | PgBouncer TPS | sluice TPS | sluice/PgBouncer | sluice/direct | PgBouncer p50 / p99 ms | sluice p50 / p99 ms | direct p50 / p99 ms |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for mode in simple prepared; do
+  for clients in 1 16 64; do
+    read -r d_tps d_p50 d_p99 < <(run "$pg_port" "$mode" "$clients")
+    for pooling in session transaction; do
+      case $pooling in session) bp=6441; sp=6443 ;; transaction) bp=6442; sp=6444 ;; esac
+      read -r b_tps b_p50 b_p99 < <(run "$bp" "$mode" "$clients")
+      read -r s_tps s_p50 s_p99 < <(run "$sp" "$mode" "$clients")
+      vs_b=$(awk -v a="$s_tps" -v b="$b_tps" 'BEGIN {printf "%.2f", a / b}')
+      vs_d=$(awk -v a="$s_tps" -v b="$d_tps" 'BEGIN {printf "%.2f", a / b}')
+      printf "| %s | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s / %s | %s / %s | %s / %s |\n" \
+        "$mode" "$clients" "$pooling" "$d_tps" "$b_tps" "$s_tps" "$vs_b" "$vs_d" \
+        "$b_p50" "$b_p99" "$s_p50" "$s_p99" "$d_p50" "$d_p99"
+    done
+  done
+done
