@@ -60,7 +60,12 @@ fn psql_and_pgbench_through_sluice_see_what_they_see_direct() {
     let upstream = format!("postgres://owner:owner-pw@127.0.0.1:{}/shop", pg.port);
     let _server = start(
         dir.path(),
-        &["--listen", &format!("127.0.0.1:{port}"), "--upstream", &upstream],
+        &[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--upstream",
+            &upstream,
+        ],
     );
     psql(
         pg.port,
@@ -71,7 +76,16 @@ fn psql_and_pgbench_through_sluice_see_what_they_see_direct() {
            CREATE SCHEMA archive; CREATE VIEW cheap AS SELECT * FROM items WHERE price < 10"],
     );
     // psql's catalog commands: the same text either way.
-    for command in ["\\echo :SERVER_VERSION_NAME :SERVER_VERSION_NUM", "\\dt", "\\d items", "\\d+ items", "\\dn", "\\dv", "\\di", "\\l shop"] {
+    for command in [
+        "\\echo :SERVER_VERSION_NAME :SERVER_VERSION_NUM",
+        "\\dt",
+        "\\d items",
+        "\\d+ items",
+        "\\dn",
+        "\\dv",
+        "\\di",
+        "\\l shop",
+    ] {
         assert_eq!(
             psql(port, "owner", &[command]),
             psql(pg.port, "owner", &[command]),
@@ -90,7 +104,10 @@ fn psql_and_pgbench_through_sluice_see_what_they_see_direct() {
             out.contains("number of transactions actually processed: 200/200"),
             "{mode}: {out}"
         );
-        assert!(out.contains("number of failed transactions: 0"), "{mode}: {out}");
+        assert!(
+            out.contains("number of failed transactions: 0"),
+            "{mode}: {out}"
+        );
     }
     let balanced = psql(
         pg.port,

@@ -295,3 +295,154 @@ async fn the_pool_lends_resets_and_recovers() {
     let frames = run(&mut e, "SELECT 1").await;
     assert_eq!(&frames[1].body[..], &data_row(&[Some("1")])[..]);
 }
+
+/// A CA (`NAME-ca.crt`) and a certificate it signed for `localhost` (`NAME.crt`, `NAME.key`)
+/// in `dir`: (CA certificate, certificate, key).
+fn certificate(
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let path = |f: &str| dir.join(format!("{name}{f}"));
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let (ca, ca_key) = (format!("{name}-ca.crt"), format!("{name}-ca.key"));
+    let (cert, key, csr, ext) = (
+        format!("{name}.crt"),
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.ext"),
+    );
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    std::fs::write(dir.join(&ext), "subjectAltName=DNS:localhost\n").expect("ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (path("-ca.crt"), path(".crt"), path(".key"))
+}
+
+/// `SELECT ssl FROM pg_stat_ssl` for the connection itself: whether PostgreSQL sees it
+/// encrypted.
+async fn encrypted(conn: &mut UpstreamConnection) -> bool {
+    conn.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .await
+        .expect("query");
+    let frames = conn.read_response().await.expect("answer");
+    let row = frames.iter().find(|f| f.tag == b'D').expect("a row");
+    row.body[..] == data_row(&[Some("t")])[..]
+}
+
+#[tokio::test]
+async fn tls_to_the_upstream_as_sslmode_asks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path(), "owner", Auth::Password("owner-pw".into()));
+    let with = |mode: &str| {
+        UpstreamUrl::parse(&format!(
+            "postgres://owner:owner-pw@localhost:{}/postgres?connect_timeout=10&{mode}",
+            pg.port
+        ))
+        .expect("url")
+    };
+    // No TLS there yet: require refuses, prefer goes in the clear.
+    let e = UpstreamConnection::connect(&with("sslmode=require"))
+        .await
+        .expect_err("no TLS upstream");
+    assert_eq!(e.code, ErrorCode::AllConnectionTriesFailed);
+    assert!(e.message.contains("does not accept TLS"), "{e}");
+    let mut plain = UpstreamConnection::connect(&with("sslmode=prefer"))
+        .await
+        .expect("prefer");
+    assert!(!plain.is_tls());
+    assert!(!encrypted(&mut plain).await);
+
+    // TLS on.
+    let certs = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = certificate(certs.path(), "server");
+    let data = pg.data_dir();
+    std::fs::copy(&cert, data.join("server.crt")).expect("cert");
+    std::fs::copy(&key, data.join("server.key")).expect("key");
+    for file in ["server.crt", "server.key"] {
+        let _ = std::process::Command::new("chown")
+            .arg("postgres")
+            .arg(data.join(file))
+            .status();
+        let _ = std::process::Command::new("chmod")
+            .arg("600")
+            .arg(data.join(file))
+            .status();
+    }
+    pg.psql("ALTER SYSTEM SET ssl = on");
+    pg.psql("SELECT pg_reload_conf()");
+    std::thread::sleep(Duration::from_millis(300));
+
+    for mode in [
+        "sslmode=prefer".to_string(),
+        "sslmode=require".to_string(),
+        format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+    ] {
+        let mut conn = UpstreamConnection::connect(&with(&mode))
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        assert!(conn.is_tls(), "{mode}");
+        assert!(encrypted(&mut conn).await, "{mode}: PostgreSQL sees TLS");
+        assert!(conn.is_usable(), "{mode}: an idle TLS connection is usable");
+    }
+    // A certificate signed by someone else is refused under verify-full.
+    let (other, _, _) = certificate(certs.path(), "other");
+    let e = UpstreamConnection::connect(&with(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        other.display()
+    )))
+    .await
+    .expect_err("wrong root");
+    assert!(e.message.contains("TLS with the upstream"), "{e}");
+    assert_eq!(
+        UpstreamUrl::parse("postgres://a@b/c?sslmode=verify-full").map(|u| u.sslrootcert.is_none()),
+        Ok(true)
+    );
+}

@@ -327,19 +327,19 @@ pub enum Step {
     },
     Parse {
         name: String,
-        prepared: Prepared,
+        prepared: Arc<Prepared>,
     },
     Bind {
         bind: Bind,
-        prepared: Option<Prepared>,
+        prepared: Option<Arc<Prepared>>,
     },
     DescribeStatement {
         name: String,
-        prepared: Option<Prepared>,
+        prepared: Option<Arc<Prepared>>,
     },
     Execute {
         execute: Execute,
-        prepared: Option<Prepared>,
+        prepared: Option<Arc<Prepared>>,
     },
     /// Describe or Close of a portal: passed as it is.
     Portal(PgWireFrontendMessage, Ends),
@@ -451,12 +451,12 @@ pub struct Forwarder {
     upstream: Arc<Upstream>,
     lent: Option<Lent>,
     /// The client's statements for the upstream, by the client's names.
-    statements: HashMap<String, Prepared>,
+    statements: HashMap<String, Arc<Prepared>>,
     /// Names the client gave statements and portals that sluice answers.
     local_statements: HashSet<String>,
     local_portals: HashSet<String>,
     /// The upstream portals, with the statement each was bound from.
-    portals: HashMap<String, Prepared>,
+    portals: HashMap<String, Arc<Prepared>>,
     /// Extended-protocol messages not sent yet (up to the next Sync or Flush).
     pending: Vec<Step>,
     failed: Failed,
@@ -531,7 +531,7 @@ impl Forwarder {
                 match forwarded(&p.query) {
                     Some(f) => {
                         self.local_statements.remove(&statement);
-                        let prepared = Prepared::new(f, p.type_oids);
+                        let prepared = Arc::new(Prepared::new(f, p.type_oids));
                         self.statements.insert(statement.clone(), prepared.clone());
                         Step::Parse {
                             name: statement,

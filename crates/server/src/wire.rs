@@ -191,6 +191,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     let copy = handlers.copy_handler();
     let cancel = handlers.cancel_handler();
     let errors = handlers.error_handler();
+    // One registration for the connection's life, not one per message.
+    let terminated = terminate.notified();
+    tokio::pin!(terminated);
     loop {
         let starting = matches!(
             socket.state(),
@@ -207,7 +210,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 biased;
                 // pg_terminate_backend: its statement was stopped; the connection closes with
                 // PostgreSQL's FATAL (57P01), idle or between statements.
-                _ = terminate.notified() => {
+                _ = &mut terminated => {
                     let fatal = ErrorInfo::new(
                         "FATAL".to_owned(),
                         "57P01".to_owned(),

@@ -171,6 +171,11 @@ impl Postgres {
 
     /// Runs `sql` with the server's `psql` as the superuser over the Unix socket (trusted),
     /// for set-up; panics on failure, returns what it printed (unaligned, tuples only).
+    /// The cluster's data directory (where `server.crt` and `server.key` go for TLS).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("pg")
+    }
+
     pub fn psql(&self, sql: &str) -> String {
         // The server's directory may hold only the server's tools (a symlink farm).
         let psql = Some(self.bin.join("psql"))

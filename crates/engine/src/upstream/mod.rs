@@ -14,11 +14,10 @@
 //!
 //! [`pool`] lends these connections to clients and resets them between clients.
 //!
-//! Not here yet (see the note): TLS to the upstream (`sslmode=require` is refused with
-//! a message saying so; `disable` and `prefer` connect in plain text), and the server's
-//! forwarding of client statements through them.
+//! [`tls`] encrypts the connection as the URL's `sslmode` asks (libpq's meanings).
 
 pub mod pool;
+pub mod tls;
 
 pub use pool::{Lent, UpstreamPool};
 
@@ -46,6 +45,9 @@ pub struct UpstreamUrl {
     pub password: Option<String>,
     pub database: String,
     pub sslmode: SslMode,
+    /// `sslrootcert`: the CA certificate(s) `verify-ca`/`verify-full` check the upstream's
+    /// against.
+    pub sslrootcert: Option<std::path::PathBuf>,
     pub connect_timeout: Duration,
 }
 
@@ -55,6 +57,20 @@ pub enum SslMode {
     Disable,
     Prefer,
     Require,
+    /// `verify-ca` and `verify-full`: the certificate is checked against `sslrootcert`, and
+    /// its name against the host (for `verify-ca` too: rustls always checks the name).
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
 }
 
 impl fmt::Debug for UpstreamUrl {
@@ -84,7 +100,7 @@ fn bad_url(url: &str, why: &str) -> Error {
         .unwrap_or_else(|_| "the upstream URL".to_string());
     Error::new(
         ErrorCode::BadArguments,
-        format!("Invalid upstream URL {shown}: {why}; expected postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require]"),
+        format!("Invalid upstream URL {shown}: {why}; expected postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require|verify-full&sslrootcert=PATH]"),
     )
 }
 
@@ -123,15 +139,19 @@ impl UpstreamUrl {
             },
             user,
             sslmode: SslMode::Prefer,
+            sslrootcert: None,
             connect_timeout: Duration::from_secs(10),
         };
         for (key, value) in url.query_pairs() {
             match (key.as_ref(), value.as_ref()) {
                 ("sslmode", "disable") => out.sslmode = SslMode::Disable,
                 ("sslmode", "allow" | "prefer") => out.sslmode = SslMode::Prefer,
-                ("sslmode", "require" | "verify-ca" | "verify-full") => {
-                    out.sslmode = SslMode::Require
+                ("sslmode", "require") => out.sslmode = SslMode::Require,
+                ("sslmode", "verify-ca" | "verify-full") => out.sslmode = SslMode::VerifyFull,
+                ("sslmode", other) => {
+                    return Err(bad_url(text, &format!("unknown sslmode '{other}'")));
                 }
+                ("sslrootcert", path) => out.sslrootcert = Some(path.into()),
                 ("connect_timeout", seconds) => {
                     let seconds: u64 = seconds
                         .parse()
@@ -292,7 +312,7 @@ impl CancelToken {
     }
 }
 
-fn unreachable(address: &str, why: &str) -> Error {
+pub(crate) fn unreachable(address: &str, why: &str) -> Error {
     Error::new(
         ErrorCode::AllConnectionTriesFailed,
         format!("The upstream {address} is unreachable: {why}"),
@@ -303,7 +323,7 @@ fn unreachable(address: &str, why: &str) -> Error {
 #[derive(Debug)]
 pub struct UpstreamConnection {
     address: String,
-    stream: TcpStream,
+    stream: tls::Stream,
     read: BytesMut,
     /// The run-time parameters the upstream announced (`server_version`, `TimeZone`, …), in
     /// order, updated as ParameterStatus messages pass.
@@ -330,12 +350,6 @@ impl UpstreamConnection {
     /// Connects to `url` and authenticates as its user, within its `connect_timeout`.
     pub async fn connect(url: &UpstreamUrl) -> Result<UpstreamConnection> {
         let address = url.address();
-        if url.sslmode == SslMode::Require {
-            return Err(Error::new(
-                ErrorCode::NotImplemented,
-                format!("The upstream URL asks for TLS (sslmode=require), which sluice does not speak to an upstream yet; use sslmode=disable or prefer for {address}"),
-            ));
-        }
         tokio::time::timeout(url.connect_timeout, Self::start(url, address.clone()))
             .await
             .unwrap_or_else(|_| {
@@ -354,6 +368,7 @@ impl UpstreamConnection {
             .await
             .map_err(|e| unreachable(&address, &e.to_string()))?;
         let _ = stream.set_nodelay(true);
+        let stream = tls::negotiate(stream, url, &address).await?;
         let mut conn = UpstreamConnection {
             address,
             stream,
@@ -527,8 +542,12 @@ impl UpstreamConnection {
         if self.awaiting > 0 || !self.read.is_empty() {
             return false;
         }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        self.stream.is_quiet()
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.stream.is_tls()
     }
 
     /// The upstream's `host:port`.
