@@ -22,6 +22,10 @@ struct Setup {
 }
 
 async fn setup(pool_mode: PoolMode, pool_size: usize) -> Setup {
+    setup_with(pool_mode, pool_size, AdmissionMode::Statement).await
+}
+
+async fn setup_with(pool_mode: PoolMode, pool_size: usize, admission: AdmissionMode) -> Setup {
     let pg_dir = tempfile::tempdir().expect("tempdir");
     let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
     pg.psql("CREATE DATABASE shop OWNER owner");
@@ -36,7 +40,7 @@ async fn setup(pool_mode: PoolMode, pool_size: usize) -> Setup {
             url,
             pool_size,
             pool_mode,
-            admission: AdmissionMode::Statement,
+            admission,
         }),
         ..ServerOptions::new(
             data.path(),
@@ -535,4 +539,42 @@ async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
     }
     assert!(resumed, "service resumed");
     assert_eq!(column(&admin, held).await, ["0"]);
+}
+
+#[tokio::test]
+async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
+    for admission in [AdmissionMode::Transaction, AdmissionMode::Statement] {
+        let s = setup_with(PoolMode::Transaction, 4, admission).await;
+        let admin = s.server.client().await;
+        admin
+            .batch_execute(
+                "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
+            )
+            .await
+            .expect("tree");
+        let a = s.through().await;
+        a.batch_execute("SET workload = 'all'").await.expect("set");
+        a.batch_execute("BEGIN").await.expect("begin");
+        assert_eq!(column(&a, "SELECT 1").await, ["1"]);
+        // Between a's statements, inside its transaction: b's statement in the same workload.
+        let b = s.through().await;
+        let other =
+            tokio::spawn(async move { column(&b, "SELECT 2 SETTINGS workload = 'all'").await });
+        if admission == AdmissionMode::Transaction {
+            until_waiting(&admin, 1).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                !other.is_finished(),
+                "the slot is a's until its transaction ends"
+            );
+            a.batch_execute("COMMIT").await.expect("commit");
+            assert_eq!(other.await.expect("b ran"), ["2"]);
+        } else {
+            // Each statement is admitted on its own: b runs while a's transaction is open.
+            assert_eq!(other.await.expect("b ran"), ["2"]);
+            a.batch_execute("COMMIT").await.expect("commit");
+        }
+        let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+        assert_eq!(column(&admin, held).await, ["0"], "{admission:?}");
+    }
 }
