@@ -46,7 +46,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
 as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
-  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_buffers=128MB\" start >/dev/null"
+  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=128MB\" start >/dev/null"
 pgbench -i -s 10 -q -h 127.0.0.1 -p "$pg_port" -U bench postgres >/dev/null 2>&1
 
 # PgBouncer, one instance per pooling mode.

@@ -4,7 +4,9 @@
 //! first implementation, the embedded Apache DataFusion engine ([`embedded`]): one session per
 //! client connection, all sharing one set of catalogs (a table one client creates, the others
 //! see) but each with its own settings, so nothing a client `SET`s leaks to another. The
-//! upstream-Postgres engine is the second implementation, behind the same traits.
+//! upstream database ([`upstream`]) is the other place statements run: it is not behind these
+//! traits, which deal in Arrow batches, because upstream mode relays the upstream's messages
+//! without decoding rows; the server forwards to it at the message level.
 //!
 //! Modules: [`embedded`] (the engine, its sessions and its runtime), [`cache`] (the plan cache),
 //! [`compat`] (what Postgres clients expect where DataFusion differs), [`functions`]

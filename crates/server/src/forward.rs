@@ -620,6 +620,53 @@ impl Forwarder {
         Routed::Upstream(step)
     }
 
+    /// Completes with what the upstream sends on a connection this client holds while the
+    /// client is idle (session pooling: a `NOTIFY` for a `LISTEN`, a notice, a parameter's new
+    /// value, or the connection's end); never when no connection is held or a batch is open.
+    pub async fn idle_message(&mut self) -> Result<Frame, Error> {
+        match self.lent.as_mut() {
+            Some(lent) if self.pending.is_empty() && !self.in_batch && lent.awaiting == 0 => {
+                lent.read_frame().await
+            }
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Passes on what [`Forwarder::idle_message`] read: notifications, notices and parameter
+    /// values go to the client at once. A connection the upstream ended (an error, a FATAL
+    /// message) is dropped; the client's next statement gets another.
+    pub async fn relay_idle<S, T>(
+        &mut self,
+        message: Result<Frame, Error>,
+        socket: &mut Socket<S, T>,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        match message {
+            Ok(frame) if matches!(frame.tag, b'A' | b'N' | b'S') => {
+                write_frame(socket, &frame).await?;
+                socket.get_mut().flush().await
+            }
+            other => {
+                tracing::info!(
+                    "upstream connection of an idle client ended ({}); its next statement gets a new one",
+                    match &other {
+                        Ok(frame) => format!("'{}' message", frame.tag as char),
+                        Err(e) => e.to_string(),
+                    }
+                );
+                if let Some(lent) = self.lent.take() {
+                    lent.discard();
+                }
+                self.status = b'I';
+                socket.set_transaction_status(TransactionStatus::Idle);
+                Ok(())
+            }
+        }
+    }
+
     /// Before sluice answers a message itself: every forwarded message before it gets its
     /// answer first (a Flush upstream), so the client's answers stay in order.
     pub async fn settle<S, T>(

@@ -283,14 +283,15 @@ async fn clients_get_what_they_get_going_direct() {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         use futures::StreamExt;
         while let Some(Ok(m)) = messages.next().await {
-            if let tokio_postgres::AsyncMessage::Notice(n) = m {
-                let _ = notices_tx.send(format!(
-                    "{} {} {:?}",
-                    n.code().code(),
-                    n.message(),
-                    n.detail()
-                ));
-            }
+            let _ = notices_tx.send(match m {
+                tokio_postgres::AsyncMessage::Notice(n) => {
+                    format!("{} {} {:?}", n.code().code(), n.message(), n.detail())
+                }
+                tokio_postgres::AsyncMessage::Notification(n) => {
+                    format!("notify {} {}", n.channel(), n.payload())
+                }
+                _ => "other".into(),
+            });
         }
     });
     client
@@ -302,6 +303,19 @@ async fn clients_get_what_they_get_going_direct() {
     assert_eq!(
         notices.recv().await.expect("a notice"),
         "00000 hello from upstream Some(\"the detail\")"
+    );
+
+    // LISTEN in session pooling: a NOTIFY reaches the idle client as it happens.
+    client.batch_execute("LISTEN orders").await.expect("listen");
+    direct
+        .batch_execute("NOTIFY orders, 'order 7'")
+        .await
+        .expect("notify");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), notices.recv())
+            .await
+            .expect("delivered while idle"),
+        Some("notify orders order 7".to_string())
     );
 
     // sluice's own statements are answered by sluice, the SETTINGS tail is cut.
