@@ -262,17 +262,29 @@ fn forwarded(text: &str) -> Option<Forwarded> {
                 changes_session,
             }
         }
-        ClientStatement::Transaction(_) => Forwarded {
-            sql: text.to_string(),
-            query: utility(text),
-            changes_session: false,
+        ClientStatement::Transaction(_) => tail_cut(text, false),
+        _ => tail_cut(text, true),
+    })
+}
+
+/// A statement that is not a query (`SHOW`, `COPY`, a cursor, transaction control) with its
+/// `SETTINGS` tail, if any, cut off and honoured like a query's.
+fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
+    match sluice_sql::split_settings(text) {
+        Ok(markup) if !markup.settings.is_empty() => Forwarded {
+            query: Query {
+                settings: markup.settings,
+                ..utility(&markup.query)
+            },
+            sql: markup.query,
+            changes_session,
         },
         _ => Forwarded {
             sql: text.to_string(),
             query: utility(text),
-            changes_session: true,
+            changes_session,
         },
-    })
+    }
 }
 
 fn utility(text: &str) -> Query {
@@ -379,10 +391,32 @@ impl Expect {
 enum Answer {
     /// Passed to the client.
     Relay(Ends),
-    /// Read and dropped (a message sluice added).
-    Swallow(Ends),
+    /// A statement sluice prepares again in front of the client's use of it: its
+    /// ParseComplete is dropped, its error is the client's.
+    Prepare,
+    /// sluice's own settings (a grant's `SET`s, start-up options): nothing reaches the client
+    /// but an error, as a notice; it is not the client's statement failing.
+    Quiet,
+    /// One forwarded statement of a simple Query that mixes sluice's and the upstream's:
+    /// everything but its ReadyForQuery (one ends the whole text).
+    Piece,
     /// Not sent upstream: sluice answers with this message type (an empty body), in order.
     Synthetic(u8),
+}
+
+impl Answer {
+    fn ends(self) -> Ends {
+        match self {
+            Answer::Relay(ends) => ends,
+            Answer::Prepare | Answer::Synthetic(_) => Ends::One,
+            Answer::Quiet | Answer::Piece => Ends::Ready,
+        }
+    }
+
+    /// Whether a message of this answer (not an error, not ReadyForQuery) reaches the client.
+    fn shown(self) -> bool {
+        matches!(self, Answer::Relay(_) | Answer::Piece)
+    }
 }
 
 /// Where an answer ends.
@@ -467,6 +501,9 @@ pub struct Forwarder {
     status: u8,
     /// The last exchange's answer held an error.
     last_failed: bool,
+    /// The `SET`s the client's start-up asks of the upstream (its `options` that are not
+    /// sluice's; its application name in session pooling), sent on each connection it gets.
+    startup: Option<String>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -499,6 +536,7 @@ impl Forwarder {
             running: None,
             status: b'I',
             last_failed: false,
+            startup: None,
         }
     }
 
@@ -774,10 +812,9 @@ impl Forwarder {
                         encode(&QueryMessage::new(f.sql.clone()), &mut out);
                         self.mark(f.changes_session);
                         let answers = VecDeque::from([Expect {
-                            answer: Answer::Swallow(Ends::Ready),
+                            answer: Answer::Piece,
                             prepares: None,
                         }]);
-                        // Relayed but for its ReadyForQuery (one ends the whole text).
                         self.relay(socket, out, answers, false).await?;
                         !self.last_failed
                     }
@@ -934,7 +971,25 @@ impl Forwarder {
                     }
                     // What this client changes is followed from here (`mark`, `translate`).
                     lent.dirty = self.upstream.options.pool_mode == PoolMode::Session;
+                    let startup = self
+                        .startup
+                        .get_or_insert_with(|| {
+                            startup_sets(socket.metadata(), self.upstream.options.pool_mode)
+                        })
+                        .clone();
                     self.lent = Some(lent);
+                    if !startup.is_empty() {
+                        if let Some(lent) = self.lent.as_mut() {
+                            lent.dirty = true;
+                        }
+                        let mut out = BytesMut::new();
+                        encode(&QueryMessage::new(startup), &mut out);
+                        let answers = VecDeque::from([Expect {
+                            answer: Answer::Quiet,
+                            prepares: None,
+                        }]);
+                        self.relay(socket, out, answers, false).await?;
+                    }
                 }
                 Err(e) => {
                     self.end_running(Some(&e));
@@ -953,7 +1008,7 @@ impl Forwarder {
                 let mut out = BytesMut::new();
                 encode(&QueryMessage::new(settings), &mut out);
                 let answers = VecDeque::from([Expect {
-                    answer: Answer::Swallow(Ends::Ready),
+                    answer: Answer::Quiet,
                     prepares: None,
                 }]);
                 self.relay(socket, out, answers, false).await?;
@@ -1022,12 +1077,7 @@ impl Forwarder {
         };
         let readies = answers
             .iter()
-            .filter(|a| {
-                matches!(
-                    a.answer,
-                    Answer::Relay(Ends::Ready) | Answer::Swallow(Ends::Ready)
-                )
-            })
+            .filter(|a| a.answer.ends() == Ends::Ready)
             .count();
         lent.awaiting += readies;
         if let Err(e) = lent.send(&out).await {
@@ -1086,6 +1136,16 @@ impl Forwarder {
                     write_frame(socket, &frame).await?;
                     continue;
                 }
+                b'E' if head.answer == Answer::Quiet => {
+                    // sluice's own SETs failed (the upstream is no PostgreSQL, a start-up
+                    // option it does not know): the client hears of it, its statement runs.
+                    let notice = Frame {
+                        tag: b'N',
+                        body: frame.body.clone(),
+                    };
+                    write_frame(socket, &notice).await?;
+                    continue;
+                }
                 b'E' => {
                     self.last_failed = true;
                     if let Some(running) = self.running.as_mut() {
@@ -1095,17 +1155,13 @@ impl Forwarder {
                         }
                     }
                     let stopped = self.running.as_ref().and_then(|r| r.stopped.as_ref());
-                    match (head.answer, stopped) {
-                        (Answer::Swallow(Ends::Ready), _) => {}
-                        (_, Some(e)) if sqlstate(&frame) == "57014" => {
+                    match stopped {
+                        Some(e) if sqlstate(&frame) == "57014" => {
                             write_raw(socket, &error_bytes(e)).await?;
                         }
                         _ => write_frame(socket, &frame).await?,
                     }
-                    if matches!(
-                        head.answer,
-                        Answer::Relay(Ends::Ready) | Answer::Swallow(Ends::Ready)
-                    ) {
+                    if head.answer.ends() == Ends::Ready {
                         continue; // a simple Query's error: its ReadyForQuery follows
                     }
                     // The upstream skips the rest up to Sync.
@@ -1141,7 +1197,8 @@ impl Forwarder {
                 b'G' => {
                     write_frame(socket, &frame).await?;
                     socket.get_mut().flush().await?;
-                    let extended = head.answer == Answer::Relay(Ends::Execution);
+                    let extended =
+                        head.answer != Answer::Relay(Ends::Ready) && head.answer != Answer::Piece;
                     self.copy_in(socket, extended).await?;
                     continue;
                 }
@@ -1152,19 +1209,10 @@ impl Forwarder {
                             record.add_rows(rows_of(&frame));
                         }
                     }
-                    if let Answer::Relay(_) = head.answer {
+                    if head.answer.shown() {
                         write_frame(socket, &frame).await?;
                     }
-                    let ends = match head.answer {
-                        Answer::Relay(e) | Answer::Swallow(e) => e,
-                        Answer::Synthetic(_) => Ends::One,
-                    };
-                    if ends.by(tag) {
-                        if tag == b'1' {
-                            if let Some(name) = &head.prepares {
-                                let _ = name; // prepared, as recorded when sent
-                            }
-                        }
+                    if head.answer.ends().by(tag) {
                         answers.pop_front();
                     }
                 }
@@ -1262,7 +1310,7 @@ fn translate(
         if lent.prepared.insert(prepared.pooled_name.clone()) {
             encode(&prepared.parse(&prepared.pooled_name), out);
             answers.push_back(Expect {
-                answer: Answer::Swallow(Ends::One),
+                answer: Answer::Prepare,
                 prepares: Some(prepared.pooled_name.clone()),
             });
         }
@@ -1338,6 +1386,39 @@ fn translate(
             }
         }
         Step::Query { .. } | Step::Sync | Step::Flush => {}
+    }
+}
+
+/// What a client's start-up asks of the upstream, as one `SELECT set_config(…)`: the `options` settings that are
+/// not sluice's, and in session pooling its `application_name` (in transaction pooling that
+/// would make every connection need a reset; the upstream sees sluice's name instead).
+fn startup_sets(metadata: &HashMap<String, String>, pool_mode: PoolMode) -> String {
+    let quote = |v: &str| format!("'{}'", v.replace('\'', "''"));
+    let mut sets: Vec<String> = metadata
+        .get("options")
+        .map(|o| crate::session::startup_settings(o))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(name, _)| !crate::session::KNOWN_SETTINGS.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        })
+        .map(|(name, value)| format!("set_config({}, {}, false)", quote(&name), quote(&value)))
+        .collect();
+    if pool_mode == PoolMode::Session {
+        if let Some(name) = metadata.get("application_name").filter(|n| !n.is_empty()) {
+            sets.push(format!(
+                "set_config('application_name', {}, false)",
+                quote(name)
+            ));
+        }
+    }
+    // set_config takes the value as `-c name=value` gives it (a list stays a list).
+    if sets.is_empty() {
+        String::new()
+    } else {
+        format!("SELECT {}", sets.join(", "))
     }
 }
 

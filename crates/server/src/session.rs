@@ -1645,6 +1645,24 @@ pub fn script_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
+/// The settings in a start-up packet's `options` (`-c name=value`, `--name=value`), names
+/// lower-cased.
+pub(crate) fn startup_settings(options: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut parts = options.split_whitespace();
+    while let Some(part) = parts.next() {
+        let assignment = if part == "-c" {
+            parts.next().unwrap_or("")
+        } else {
+            part.trim_start_matches("--").trim_start_matches("-c")
+        };
+        if let Some((k, v)) = assignment.split_once('=') {
+            out.push((k.to_ascii_lowercase(), v.to_string()));
+        }
+    }
+    out
+}
+
 pub(crate) fn user_of<C: ClientInfo>(client: &C) -> String {
     client
         .metadata()
@@ -1700,17 +1718,9 @@ impl StartupOptions for Connection {
         if let Some(name) = metadata.get("application_name") {
             self.set_var("application_name", Some(name.clone()));
         }
-        if let Some(options) = metadata.get("options").cloned() {
-            let mut parts = options.split_whitespace();
-            while let Some(part) = parts.next() {
-                let assignment = if part == "-c" {
-                    parts.next().unwrap_or("")
-                } else {
-                    part.trim_start_matches("--").trim_start_matches("-c")
-                };
-                if let Some((k, v)) = assignment.split_once('=') {
-                    self.set_var(&k.to_ascii_lowercase(), Some(v.to_string()));
-                }
+        if let Some(options) = metadata.get("options") {
+            for (name, value) in startup_settings(options) {
+                self.set_var(&name, Some(value));
             }
         }
     }

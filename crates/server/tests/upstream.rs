@@ -318,6 +318,85 @@ async fn clients_get_what_they_get_going_direct() {
         Some("notify orders order 7".to_string())
     );
 
+    // A text mixing sluice's statements and the upstream's: each answered in turn.
+    assert_eq!(
+        simple(
+            &through,
+            "SHOW workload; SELECT 41 + 1 AS answer; SHOW workload"
+        )
+        .await,
+        [
+            "columns [\"workload\"]",
+            "row [Some(\"default\")]",
+            "complete 1",
+            "columns [\"answer\"]",
+            "row [Some(\"42\")]",
+            "complete 1",
+            "columns [\"workload\"]",
+            "row [Some(\"default\")]",
+            "complete 1"
+        ]
+    );
+    // Row limits on Execute: a portal read two rows at a time, inside a transaction.
+    {
+        let mut through = s.through().await;
+        let tx = through.transaction().await.expect("begin");
+        let stmt = tx
+            .prepare("SELECT generate_series(1, 5)")
+            .await
+            .expect("prepare");
+        let portal = tx.bind(&stmt, &[]).await.expect("bind");
+        let mut got = Vec::new();
+        loop {
+            let rows = tx.query_portal(&portal, 2).await.expect("execute");
+            if rows.is_empty() {
+                break;
+            }
+            assert!(rows.len() <= 2);
+            got.extend(rows.iter().map(|r| r.get::<_, i32>(0)));
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        tx.commit().await.expect("commit");
+    }
+    // Pipelining: several statements in flight on one connection, answered in order.
+    {
+        let (a, b, c) = tokio::join!(
+            through.query_one("SELECT $1::int + 1", &[&1i32]),
+            through.query_one("SELECT $1::text || '!'", &[&"two"]),
+            through.query_one("SELECT count(*) FROM items WHERE id < $1", &[&3i32]),
+        );
+        assert_eq!(a.expect("a").get::<_, i32>(0), 2);
+        assert_eq!(b.expect("b").get::<_, String>(0), "two!");
+        assert_eq!(c.expect("c").get::<_, i64>(0), 2);
+    }
+    // A start-up's options that are not sluice's reach the upstream, its workload stays
+    // sluice's; in session pooling the upstream sees the client's application name.
+    let configured = connect(&format!(
+        "host=127.0.0.1 port={} user=tester dbname=x application_name=stocktake options='-c search_path=archive,public -c workload=reports'",
+        s.server.port
+    ))
+    .await
+    .expect("connects");
+    let configured_direct = connect(&format!(
+        "host=127.0.0.1 port={} user=owner password=owner-pw dbname=shop options='-c search_path=archive,public'",
+        s.pg.port
+    ))
+    .await
+    .expect("direct");
+    assert_eq!(
+        column(&configured, "SHOW search_path").await,
+        column(&configured_direct, "SHOW search_path").await
+    );
+    assert_eq!(column(&configured, "SHOW workload").await, ["reports"]);
+    assert_eq!(
+        column(
+            &configured,
+            "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
+        .await,
+        ["stocktake"]
+    );
+
     // sluice's own statements are answered by sluice, the SETTINGS tail is cut.
     assert_eq!(column(&through, "SHOW workload").await, ["default"]);
     through
@@ -461,6 +540,38 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
         .await,
         ["0"]
     );
+    // KILL QUERY stops a forwarded statement upstream too.
+    let victim = s.through().await;
+    let killed = tokio::spawn(async move {
+        victim
+            .simple_query("SELECT pg_sleep(61) SETTINGS workload = 'all'")
+            .await
+    });
+    support::until(&admin, held, "1").await;
+    admin
+        .batch_execute("KILL QUERY WHERE query LIKE '%pg_sleep(61)%'")
+        .await
+        .expect("kill");
+    let e = killed.await.expect("joined").expect_err("killed");
+    assert!(e.as_db_error().is_some(), "{e}");
+    assert_eq!(column(&admin, held).await, ["0"]);
+    // A client that goes away: its upstream statement is cancelled, its slot freed.
+    let mut leaver = std::process::Command::new("psql")
+        .args(["-X", "-h", "127.0.0.1", "-p"])
+        .arg(s.server.port.to_string())
+        .args(["-U", "leaver", "-d", "x", "-c"])
+        .arg("SELECT pg_sleep(62) SETTINGS workload = 'all'")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    support::until(&admin, held, "1").await;
+    leaver.kill().expect("kill psql");
+    let _ = leaver.wait();
+    support::until(&admin, held, "0").await;
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(6%'";
+    support::until(&direct, running, "0").await;
+
     // max_execution_time: sluice's own timeout, told apart from the upstream's.
     let e = admin
         .simple_query("SELECT pg_sleep(30) SETTINGS workload = 'all', max_execution_time = 0.3")
@@ -591,4 +702,50 @@ async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
         let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
         assert_eq!(column(&admin, held).await, ["0"], "{admission:?}");
     }
+}
+
+#[tokio::test]
+async fn a_grant_reaches_the_upstream_as_its_settings() {
+    let s = setup(PoolMode::Session, 2).await;
+    let admin = s.server.client().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+             CREATE WORKLOAD all SETTINGS max_concurrent_threads = 3",
+        )
+        .await
+        .expect("tree");
+    let c = s.through().await;
+    c.batch_execute("SET workload = 'all'").await.expect("set");
+    // Master + two workers free: two parallel workers for the statement.
+    assert_eq!(
+        column(&c, "SHOW max_parallel_workers_per_gather").await,
+        ["2"]
+    );
+    assert_eq!(
+        column(
+            &c,
+            "SHOW max_parallel_workers_per_gather SETTINGS max_threads = 2"
+        )
+        .await,
+        ["1"]
+    );
+    // reserve_memory becomes the statement's work_mem.
+    assert_eq!(
+        column(
+            &c,
+            "SELECT current_setting('work_mem') SETTINGS reserve_memory = '8Mi'"
+        )
+        .await,
+        ["8MB"]
+    );
+    // Nothing held afterwards.
+    assert_eq!(
+        column(
+            &admin,
+            "SELECT inflight_requests FROM system.scheduler WHERE resource = 'cpu' AND type = 'inflight_limit'"
+        )
+        .await,
+        ["0"]
+    );
 }
