@@ -515,6 +515,9 @@ impl std::fmt::Debug for Forwarder {
     }
 }
 
+/// Extended-protocol messages held at most before they are sent without waiting for Sync.
+const MAX_PENDING: usize = 256;
+
 /// The client's socket, as the connection loop has it.
 pub type Socket<S, T> = Framed<Corked<S>, PgWireMessageServerCodec<T>>;
 
@@ -741,6 +744,11 @@ impl Forwarder {
             Step::Flush => self.run_batch(socket, connection, false).await,
             other => {
                 self.pending.push(other);
+                // A client that pipelines without ever sending Sync is answered as it goes
+                // (a Flush upstream), so what sluice holds for it stays bounded.
+                if self.pending.len() >= MAX_PENDING {
+                    self.run_batch(socket, connection, false).await?;
+                }
                 Ok(())
             }
         }
@@ -1083,7 +1091,6 @@ impl Forwarder {
         if let Err(e) = lent.send(&out).await {
             return self.lost(socket, e, readies > 0).await;
         }
-        let token = lent.cancel_token();
         let mut got_ready = false;
         loop {
             while let Some(Expect {
@@ -1104,12 +1111,14 @@ impl Forwarder {
                 .filter(|r| r.stopped.is_none())
                 .map(|r| &mut r.admitted.stop);
             let frame = match stop {
+                // The answer first: a frame already read never waits for the stop's checks.
                 Some(stop) => tokio::select! {
+                    biased;
                     frame = lent.read_frame() => frame,
                     e = stop => {
                         // Cancelled, killed, out of time, or its client went away: the
                         // upstream is asked to stop, and its answer is still read out.
-                        if let Some(token) = &token {
+                        if let Some(token) = lent.cancel_token() {
                             let _ = token.cancel().await;
                         }
                         if let Some(running) = self.running.as_mut() {

@@ -749,3 +749,87 @@ async fn a_grant_reaches_the_upstream_as_its_settings() {
         ["0"]
     );
 }
+
+/// One frontend message: type byte, length, body.
+fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test]
+async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup(PoolMode::Transaction, 2).await;
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
+        .await
+        .expect("connects");
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&196608u32.to_be_bytes());
+    startup.extend_from_slice(b"user\0raw\0database\0x\0\0");
+    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&startup);
+    socket.write_all(&packet).await.expect("startup");
+    // Read messages until `n` ReadyForQuery; returns the type bytes seen.
+    async fn read_until_ready(socket: &mut tokio::net::TcpStream, n: usize) -> Vec<u8> {
+        let mut tags = Vec::new();
+        let mut ready = 0;
+        while ready < n {
+            let mut header = [0u8; 5];
+            socket.read_exact(&mut header).await.expect("header");
+            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            let mut body = vec![0u8; len - 4];
+            socket.read_exact(&mut body).await.expect("body");
+            tags.push(header[0]);
+            if header[0] == b'Z' {
+                ready += 1;
+            }
+        }
+        tags
+    }
+    read_until_ready(&mut socket, 1).await;
+    // 1,000 statements, each Parse/Bind/Execute, and one Sync at the very end: far more than
+    // sluice holds back, so it sends them on as they come.
+    let mut pipeline = Vec::new();
+    for i in 0..1000 {
+        let sql = format!("SELECT {i}\0");
+        let mut parse = b"\0".to_vec();
+        parse.extend_from_slice(sql.as_bytes());
+        parse.extend_from_slice(&0u16.to_be_bytes());
+        pipeline.extend(message(b'P', &parse));
+        pipeline.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+        pipeline.extend(message(b'E', b"\0\0\0\0\0"));
+    }
+    pipeline.extend(message(b'S', b""));
+    let (mut read, mut write) = socket.into_split();
+    let writer = tokio::spawn(async move {
+        write.write_all(&pipeline).await.expect("pipeline");
+        write
+    });
+    let mut tags = Vec::new();
+    let mut rows = Vec::new();
+    loop {
+        let mut header = [0u8; 5];
+        read.read_exact(&mut header).await.expect("header");
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        read.read_exact(&mut body).await.expect("body");
+        if header[0] == b'D' {
+            let value = String::from_utf8_lossy(&body[6..]).into_owned();
+            rows.push(value.parse::<i32>().expect("a number"));
+        }
+        tags.push(header[0]);
+        if header[0] == b'Z' {
+            break;
+        }
+    }
+    let _ = writer.await;
+    assert_eq!(
+        rows,
+        (0..1000).collect::<Vec<_>>(),
+        "every answer, in order"
+    );
+    assert_eq!(tags.iter().filter(|t| **t == b'C').count(), 1000);
+    assert_eq!(tags.iter().filter(|t| **t == b'Z').count(), 1);
+}
