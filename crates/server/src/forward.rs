@@ -603,15 +603,13 @@ impl Forwarder {
             }
             PgWireFrontendMessage::Describe(d) => {
                 let target = name(&d.name);
-                if d.target_type == TARGET_TYPE_BYTE_PORTAL {
-                    if self.local_portals.contains(&target) {
-                        return Routed::Local(PgWireFrontendMessage::Describe(d));
-                    }
+                let portal = d.target_type == TARGET_TYPE_BYTE_PORTAL;
+                if self.is_local(portal, &target, false) {
+                    return Routed::Local(PgWireFrontendMessage::Describe(d));
+                }
+                if portal {
                     Step::Portal(PgWireFrontendMessage::Describe(d), Ends::One)
                 } else {
-                    if self.local_statements.contains(&target) {
-                        return Routed::Local(PgWireFrontendMessage::Describe(d));
-                    }
                     Step::DescribeStatement {
                         prepared: self.statements.get(&target).cloned(),
                         name: target,
@@ -620,16 +618,14 @@ impl Forwarder {
             }
             PgWireFrontendMessage::Close(c) => {
                 let target = name(&c.name);
-                if c.target_type == TARGET_TYPE_BYTE_PORTAL {
-                    if self.local_portals.remove(&target) {
-                        return Routed::Local(PgWireFrontendMessage::Close(c));
-                    }
+                let portal = c.target_type == TARGET_TYPE_BYTE_PORTAL;
+                if self.is_local(portal, &target, true) {
+                    return Routed::Local(PgWireFrontendMessage::Close(c));
+                }
+                if portal {
                     self.portals.remove(&target);
                     Step::Portal(PgWireFrontendMessage::Close(c), Ends::One)
                 } else {
-                    if self.local_statements.remove(&target) {
-                        return Routed::Local(PgWireFrontendMessage::Close(c));
-                    }
                     self.statements.remove(&target);
                     Step::CloseStatement { name: target }
                 }
@@ -705,6 +701,21 @@ impl Forwarder {
                 socket.set_transaction_status(TransactionStatus::Idle);
                 Ok(())
             }
+        }
+    }
+
+    /// Whether the portal or statement `name` is one sluice answers for; `forget`: the name
+    /// is being closed.
+    fn is_local(&mut self, portal: bool, name: &str, forget: bool) -> bool {
+        let names = if portal {
+            &mut self.local_portals
+        } else {
+            &mut self.local_statements
+        };
+        if forget {
+            names.remove(name)
+        } else {
+            names.contains(name)
         }
     }
 

@@ -205,31 +205,38 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 _ = &mut startup_deadline => None,
                 m = socket.next() => m,
             }
-        } else if let Some((forwarder, _)) = forwarding.as_mut() {
-            // Upstream mode: what the upstream says while the client is idle (a NOTIFY for
-            // its LISTEN) is passed on as it comes.
-            tokio::select! {
-                biased;
-                _ = &mut terminated => {
-                    send_terminated(&mut socket).await;
-                    break;
-                }
-                m = socket.next() => m,
-                idle = forwarder.idle_message() => {
-                    forwarder.relay_idle(idle, &mut socket).await?;
-                    continue;
-                }
-            }
         } else {
             tokio::select! {
                 biased;
                 // pg_terminate_backend: its statement was stopped; the connection closes with
                 // PostgreSQL's FATAL (57P01), idle or between statements.
                 _ = &mut terminated => {
-                    send_terminated(&mut socket).await;
+                    let fatal = ErrorInfo::new(
+                        "FATAL".to_owned(),
+                        "57P01".to_owned(),
+                        "terminating connection due to administrator command".to_owned(),
+                    );
+                    let _ = futures::SinkExt::send(
+                        &mut socket,
+                        PgWireBackendMessage::ErrorResponse(fatal.into()),
+                    )
+                    .await;
                     break;
                 }
                 m = socket.next() => m,
+                // Upstream mode: what the upstream says while the client is idle (a NOTIFY
+                // for its LISTEN) is passed on as it comes.
+                idle = async {
+                    match forwarding.as_mut() {
+                        Some((forwarder, _)) => forwarder.idle_message().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some((forwarder, _)) = forwarding.as_mut() {
+                        forwarder.relay_idle(idle, &mut socket).await?;
+                    }
+                    continue;
+                }
             }
         };
         let Some(Ok(message)) = message else {
@@ -283,19 +290,6 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     }
     // Whatever is still held (a last answer before Terminate) goes out before the close.
     futures::SinkExt::close(&mut socket).await
-}
-
-/// PostgreSQL's FATAL for `pg_terminate_backend` (57P01).
-async fn send_terminated<S>(socket: &mut S)
-where
-    S: futures::Sink<PgWireBackendMessage> + Unpin,
-{
-    let fatal = ErrorInfo::new(
-        "FATAL".to_owned(),
-        "57P01".to_owned(),
-        "terminating connection due to administrator command".to_owned(),
-    );
-    let _ = futures::SinkExt::send(socket, PgWireBackendMessage::ErrorResponse(fatal.into())).await;
 }
 
 #[cfg(test)]
