@@ -278,7 +278,7 @@ async fn the_pool_lends_resets_and_recovers() {
     assert!(down.message.contains(&url.address()), "{down}");
     let started = Instant::now();
     let fast = pool.checkout().await.expect_err("still down");
-    assert!(fast.message.contains("retrying in"), "{fast}");
+    assert!(fast.message.contains("tries again in"), "{fast}");
     assert!(started.elapsed() < Duration::from_millis(500));
     pg.restart();
     let mut served = None;

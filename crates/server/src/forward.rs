@@ -151,10 +151,21 @@ impl Upstream {
             Ok(lent) => {
                 self.note_parameters(&lent);
                 tracing::info!(
-                    "upstream {} ({} connections at most, {:?} pooling)",
+                    "upstream {} ({}, {} connections at most, {} pooling, admission per {})",
                     self.options.url,
+                    lent.parameters
+                        .iter()
+                        .find(|(k, _)| k == "server_version")
+                        .map_or("server version unknown", |(_, v)| v.as_str()),
                     self.options.pool_size,
-                    self.options.pool_mode
+                    match self.options.pool_mode {
+                        PoolMode::Session => "session",
+                        PoolMode::Transaction => "transaction",
+                    },
+                    match self.options.admission {
+                        AdmissionMode::Statement => "statement",
+                        AdmissionMode::Transaction => "transaction",
+                    }
                 );
             }
             Err(e) => tracing::warn!("upstream {}: {e}", self.options.url),

@@ -147,7 +147,11 @@ impl UpstreamPool {
                 if Instant::now() < at {
                     return Err(Error::new(
                         e.code,
-                        format!("{} (retrying in {:?})", e.message, at - Instant::now()),
+                        format!(
+                            "{} (sluice tries again in {} ms)",
+                            e.message,
+                            (at - Instant::now()).as_millis()
+                        ),
                     ));
                 }
             }
@@ -156,11 +160,17 @@ impl UpstreamPool {
         let mut health = inner.health.lock().unwrap_or_else(|p| p.into_inner());
         match &result {
             Ok(_) => {
+                if health.last_error.is_some() {
+                    tracing::info!("upstream {} reachable again", inner.url.address());
+                }
                 health.retry_at = None;
                 health.backoff = FIRST_BACKOFF;
                 health.last_error = None;
             }
             Err(e) if e.code == ErrorCode::AllConnectionTriesFailed => {
+                if health.last_error.is_none() {
+                    tracing::warn!("{}; forwarded statements fail until it is back", e.message);
+                }
                 health.retry_at = Some(Instant::now() + health.backoff);
                 health.backoff = (health.backoff * 2).min(MAX_BACKOFF);
                 health.last_error = Some(e.clone());
