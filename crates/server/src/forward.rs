@@ -1266,6 +1266,16 @@ impl Forwarder {
         let mut done = false;
         loop {
             let Some(Ok(message)) = socket.next().await else {
+                // The client went away mid-COPY: the upstream is told to abandon it (so the
+                // table is as it was), and the connection is reset when it goes back.
+                let mut fail = BytesMut::new();
+                encode(
+                    &pgwire::messages::copy::CopyFail::new("the client went away".into()),
+                    &mut fail,
+                );
+                if let Some(lent) = self.lent.as_mut() {
+                    let _ = lent.send(&fail).await;
+                }
                 return Err(std::io::ErrorKind::ConnectionAborted.into());
             };
             let last = match &message {

@@ -758,11 +758,10 @@ fn message(tag: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
-#[tokio::test]
-async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
+/// A client on a bare socket, past start-up (trust) and its first ReadyForQuery.
+async fn raw_client(port: u16) -> tokio::net::TcpStream {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let s = setup(PoolMode::Transaction, 2).await;
-    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connects");
     let mut startup = Vec::new();
@@ -771,24 +770,60 @@ async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
     let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&startup);
     socket.write_all(&packet).await.expect("startup");
-    // Read messages until `n` ReadyForQuery; returns the type bytes seen.
-    async fn read_until_ready(socket: &mut tokio::net::TcpStream, n: usize) -> Vec<u8> {
-        let mut tags = Vec::new();
-        let mut ready = 0;
-        while ready < n {
-            let mut header = [0u8; 5];
-            socket.read_exact(&mut header).await.expect("header");
-            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-            let mut body = vec![0u8; len - 4];
-            socket.read_exact(&mut body).await.expect("body");
-            tags.push(header[0]);
-            if header[0] == b'Z' {
-                ready += 1;
-            }
+    loop {
+        let mut header = [0u8; 5];
+        socket.read_exact(&mut header).await.expect("header");
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        socket.read_exact(&mut body).await.expect("body");
+        if header[0] == b'Z' {
+            return socket;
         }
-        tags
     }
-    read_until_ready(&mut socket, 1).await;
+}
+
+#[tokio::test]
+async fn a_client_vanishing_mid_copy_leaves_the_table_as_it_was() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup(PoolMode::Session, 2).await;
+    let direct = s.direct().await;
+    direct
+        .batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("schema");
+    let mut socket = raw_client(s.server.port).await;
+    socket
+        .write_all(&message(b'Q', b"COPY t FROM STDIN\0"))
+        .await
+        .expect("copy");
+    let mut header = [0u8; 5];
+    socket
+        .read_exact(&mut header)
+        .await
+        .expect("CopyInResponse");
+    assert_eq!(header[0], b'G');
+    socket
+        .write_all(&message(b'd', b"2\n3\n"))
+        .await
+        .expect("data");
+    drop(socket);
+    // The upstream abandons the COPY: nothing of it lands, nothing stays running.
+    support::until(
+        &direct,
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY t%' AND state <> 'idle'",
+        "0",
+    )
+    .await;
+    assert_eq!(column(&direct, "SELECT count(*) FROM t").await, ["1"]);
+    let c = s.through().await;
+    assert_eq!(column(&c, "SELECT count(*) FROM t").await, ["1"]);
+}
+
+#[tokio::test]
+async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup(PoolMode::Transaction, 2).await;
+    let socket = raw_client(s.server.port).await;
     // 1,000 statements, each Parse/Bind/Execute, and one Sync at the very end: far more than
     // sluice holds back, so it sends them on as they come.
     let mut pipeline = Vec::new();
