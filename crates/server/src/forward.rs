@@ -1212,6 +1212,14 @@ impl Forwarder {
                     continue;
                 }
                 b'Z' => {
+                    // A sluice message of this batch that failed left pgwire waiting for the
+                    // Sync; the upstream's ReadyForQuery answers that Sync.
+                    if matches!(
+                        socket.state(),
+                        pgwire::api::PgWireConnectionState::AwaitingSync
+                    ) {
+                        socket.set_state(pgwire::api::PgWireConnectionState::ReadyForQuery);
+                    }
                     self.status = frame.body.first().copied().unwrap_or(b'I');
                     socket.set_transaction_status(match self.status {
                         b'T' => TransactionStatus::Transaction,

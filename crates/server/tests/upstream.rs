@@ -868,3 +868,56 @@ async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
     assert_eq!(tags.iter().filter(|t| **t == b'C').count(), 1000);
     assert_eq!(tags.iter().filter(|t| **t == b'Z').count(), 1);
 }
+
+/// Reads messages up to ReadyForQuery; returns their type bytes.
+async fn tags_until_ready(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut tags = String::new();
+    loop {
+        let mut header = [0u8; 5];
+        socket.read_exact(&mut header).await.expect("header");
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        socket.read_exact(&mut body).await.expect("body");
+        tags.push(header[0] as char);
+        if header[0] == b'Z' {
+            return tags;
+        }
+    }
+}
+
+/// Parse (unnamed statement), Bind (unnamed portal), Execute of `sql`.
+fn parse_bind_execute(statement: &str, portal: &str, sql: &str) -> Vec<u8> {
+    let mut parse = format!("{statement}\0{sql}\0").into_bytes();
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut bind = format!("{portal}\0{statement}\0").into_bytes();
+    bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut execute = format!("{portal}\0").into_bytes();
+    execute.extend_from_slice(&0u32.to_be_bytes());
+    let mut out = message(b'P', &parse);
+    out.extend(message(b'B', &bind));
+    out.extend(message(b'E', &execute));
+    out
+}
+
+#[tokio::test]
+async fn a_batch_mixing_sluice_and_the_upstream_is_answered_in_order() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(PoolMode::Session, 2).await;
+    let mut socket = raw_client(s.server.port).await;
+    // The upstream's statement, then one of sluice's that fails, then Sync.
+    let mut batch = parse_bind_execute("", "", "SELECT 1");
+    batch.extend(parse_bind_execute(
+        "s2",
+        "p2",
+        "SHOW CREATE WORKLOAD nosuch",
+    ));
+    batch.extend(message(b'S', b""));
+    socket.write_all(&batch).await.expect("batch");
+    assert_eq!(tags_until_ready(&mut socket).await, "12DC12EZ");
+    // The next batch of sluice's own is answered in full (nothing is left waiting for a Sync).
+    let mut batch = parse_bind_execute("", "", "SHOW workload");
+    batch.extend(message(b'S', b""));
+    socket.write_all(&batch).await.expect("batch");
+    assert_eq!(tags_until_ready(&mut socket).await, "12DCZ");
+}
