@@ -18,7 +18,10 @@ cd "$(dirname "$0")/.."
 seconds="${1:-10}"
 export PATH="$PATH:/usr/local/bin:/usr/sbin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
 for tool in pgbench initdb pg_ctl pgbouncer; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
+  command -v "$tool" >/dev/null || {
+    echo "bench: $tool not found (Debian: apt-get install pgbouncer postgresql postgresql-contrib)" >&2
+    exit 2
+  }
 done
 as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
 

@@ -1032,11 +1032,17 @@ impl Forwarder {
         // reservation as work_mem.
         if let (Some(running), Some(lent)) = (&self.running, self.lent.as_mut()) {
             let settings = upstream_settings(&running.admitted);
-            if !settings.is_empty() && lent.applied != settings {
-                lent.applied = settings.clone();
+            if lent.applied != settings {
+                // A grant without either after one with them: back to the session's values.
+                let sql = if settings.is_empty() {
+                    format!("{RESET_WORKERS}; {RESET_MEMORY}")
+                } else {
+                    settings.clone()
+                };
+                lent.applied = settings;
                 lent.dirty = true;
                 let mut out = BytesMut::new();
-                encode(&QueryMessage::new(settings), &mut out);
+                encode(&QueryMessage::new(sql), &mut out);
                 let answers = VecDeque::from([Expect {
                     answer: Answer::Quiet,
                     prepares: None,
@@ -1473,20 +1479,28 @@ fn startup_sets(metadata: &HashMap<String, String>, pool_mode: PoolMode) -> Stri
 
 /// The `SET`s that carry a statement's grant to the upstream: its CPU threads as parallel
 /// workers (the master's thread is the leader's), its memory reservation as `work_mem`.
+/// Empty when the grant carries neither; otherwise both, each set or reset, so nothing of
+/// one statement's grant stays for the next.
 fn upstream_settings(admitted: &Admitted) -> String {
-    let mut sets = Vec::new();
-    if let Some(threads) = admitted.threads {
-        sets.push(format!(
+    if admitted.threads.is_none() && admitted.reserve_memory == 0 {
+        return String::new();
+    }
+    let workers = match admitted.threads {
+        Some(threads) => format!(
             "SET max_parallel_workers_per_gather = {}",
             threads.saturating_sub(1)
-        ));
-    }
-    if admitted.reserve_memory > 0 {
-        let kb = (admitted.reserve_memory / 1024).max(64);
-        sets.push(format!("SET work_mem = '{kb}kB'"));
-    }
-    sets.join("; ")
+        ),
+        None => RESET_WORKERS.to_string(),
+    };
+    let memory = match admitted.reserve_memory {
+        0 => RESET_MEMORY.to_string(),
+        bytes => format!("SET work_mem = '{}kB'", (bytes / 1024).max(64)),
+    };
+    format!("{workers}; {memory}")
 }
+
+const RESET_WORKERS: &str = "RESET max_parallel_workers_per_gather";
+const RESET_MEMORY: &str = "RESET work_mem";
 
 /// An ErrorResponse's SQLSTATE.
 fn sqlstate(frame: &Frame) -> String {

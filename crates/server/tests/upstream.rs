@@ -739,6 +739,11 @@ async fn a_grant_reaches_the_upstream_as_its_settings() {
         .await,
         ["8MB"]
     );
+    // The next statement's grant has no reservation: work_mem is the session's again.
+    assert_eq!(
+        column(&c, "SELECT current_setting('work_mem')").await,
+        ["4MB"]
+    );
     // Nothing held afterwards.
     assert_eq!(
         column(
