@@ -13,15 +13,13 @@
 # /usr/local/bin or /usr/lib/postgresql/*/bin. Everything runs on loopback, in a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/postgres.sh
 
 seconds="${1:-10}"
-export PATH="$PATH:/usr/local/bin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
 for tool in pgbench initdb pg_ctl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
 done
 
-# initdb refuses to run as root; run the cluster as a regular user when we are root.
-as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
 
 work="$(mktemp -d)"
 pg_port=54329
@@ -29,7 +27,7 @@ sluice_port=6549
 cleanup() {
   [ -n "${sluice_pid:-}" ] && kill "$sluice_pid" 2>/dev/null && wait "$sluice_pid" 2>/dev/null || true
   [ -n "${baseline_pid:-}" ] && kill "$baseline_pid" 2>/dev/null && wait "$baseline_pid" 2>/dev/null || true
-  as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
+  stop_postgres
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -41,14 +39,7 @@ if [ -z "${SLUICE_BIN:-}" ]; then
 fi
 baseline_port=6550
 
-echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
-if [ "$(id -u)" = 0 ]; then
-  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-  chown postgres "$work"; chmod 755 "$work"
-fi
-as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
-as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
-  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=128MB\" start >/dev/null"
+start_postgres "$pg_port" 200
 
 # start_sluice BIN PORT DIR -> pid; the admission path as it is in production: SELECT 1 goes
 # through a QUERY resource.
@@ -91,12 +82,8 @@ run() {
     echo "$out" >&2
     exit 1
   fi
-  # Per-transaction log: client xact latency_us script epoch epoch_us.
-  cat "$work"/log.* | awk '{print $3}' | sort -n > "$work/lat"
-  local n p50 p99
-  n=$(wc -l < "$work/lat")
-  p50=$(awk -v n="$n" 'NR == int(n * 0.50) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
-  p99=$(awk -v n="$n" 'NR == int(n * 0.99) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  local p50 p99
+  read -r p50 p99 < <(percentiles)
   echo "$tps $p50 $p99"
 }
 

@@ -14,16 +14,15 @@
 # seat every client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/postgres.sh
 
 seconds="${1:-10}"
-export PATH="$PATH:/usr/local/bin:/usr/sbin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
 for tool in pgbench initdb pg_ctl pgbouncer; do
   command -v "$tool" >/dev/null || {
     echo "bench: $tool not found (Debian: apt-get install pgbouncer postgresql postgresql-contrib)" >&2
     exit 2
   }
 done
-as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
 
 work="$(mktemp -d)"
 pg_port=54339
@@ -31,7 +30,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
+  stop_postgres
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -42,14 +41,7 @@ if [ -z "${SLUICE_BIN:-}" ]; then
   SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
 fi
 
-echo "== starting PostgreSQL ($(postgres --version 2>/dev/null || pg_ctl --version))" >&2
-if [ "$(id -u)" = 0 ]; then
-  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
-  chown postgres "$work"; chmod 755 "$work"
-fi
-as_pg "PATH='$PATH' initdb -D '$work/pg' -A trust -U bench >/dev/null"
-as_pg "PATH='$PATH' pg_ctl -D '$work/pg' -l '$work/pg.log' -w \
-  -o \"-p $pg_port -k '$work' -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=128MB\" start >/dev/null"
+start_postgres "$pg_port" 400
 pgbench -i -s 10 -q -h 127.0.0.1 -p "$pg_port" -U bench postgres >/dev/null 2>&1
 
 # PgBouncer, one instance per pooling mode.
@@ -130,16 +122,15 @@ run() {
     echo "$out" >&2
     exit 1
   fi
-  # A run whose transactions failed (PgBouncer before 1.21 with prepared statements in
-  # transaction pooling) is marked: its TPS and latencies are not of real work.
+  # A run whose transactions failed or whose clients aborted (PgBouncer before 1.21 with
+  # prepared statements in transaction pooling) is marked: its figures are not of real work.
   local failed
   failed=$(echo "$out" | awk '/^number of failed transactions/ {print $5}')
-  if [ -n "$failed" ] && [ "$failed" != 0 ]; then tps="${tps}!"; fi
-  cat "$work"/log.* | awk '{print $3}' | sort -n > "$work/lat"
-  local n p50 p99
-  n=$(wc -l < "$work/lat")
-  p50=$(awk -v n="$n" 'NR == int(n * 0.50) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
-  p99=$(awk -v n="$n" 'NR == int(n * 0.99) + 1 {printf "%.3f", $1 / 1000; exit}' "$work/lat")
+  if { [ -n "$failed" ] && [ "$failed" != 0 ]; } || echo "$out" | grep -q "aborted"; then
+    tps="${tps}!"
+  fi
+  local p50 p99
+  read -r p50 p99 < <(percentiles)
   echo "$tps $p50 $p99"
 }
 
@@ -149,7 +140,7 @@ whole() { local v=${1%!}; printf "%.0f%s" "$v" "${1#"$v"}"; }
 echo
 echo "pgbench -S, scale 10, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
-echo "TPS marked ! : pgbench counted failed transactions in that run (not comparable)."
+echo "TPS marked ! : transactions failed or clients aborted in that run (not comparable)."
 echo
 echo "| protocol | clients | pooling | direct TPS | PgBouncer TPS | sluice TPS | sluice/PgBouncer | sluice/direct | PgBouncer p50 / p99 ms | sluice p50 / p99 ms | direct p50 / p99 ms |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -390,11 +390,15 @@ struct Expect {
 }
 
 impl Expect {
-    fn relay(ends: Ends) -> Expect {
+    fn new(answer: Answer) -> Expect {
         Expect {
-            answer: Answer::Relay(ends),
+            answer,
             prepares: None,
         }
+    }
+
+    fn relay(ends: Ends) -> Expect {
+        Expect::new(Answer::Relay(ends))
     }
 }
 
@@ -465,17 +469,11 @@ struct Running {
 }
 
 impl Running {
+    /// Let go of what it holds (fields drop in order: the admission, then the record).
     fn end(mut self) {
-        if let Some(record) = self.record.as_mut() {
-            if !self.failed {
-                record.finished();
-            }
+        if let (Some(record), false) = (self.record.as_mut(), self.failed) {
+            record.finished();
         }
-        let Running {
-            admitted, record, ..
-        } = self;
-        drop(admitted);
-        drop(record);
     }
 }
 
@@ -841,10 +839,7 @@ impl Forwarder {
                         let mut out = BytesMut::new();
                         encode(&QueryMessage::new(f.sql.clone()), &mut out);
                         self.mark(f.changes_session);
-                        let answers = VecDeque::from([Expect {
-                            answer: Answer::Piece,
-                            prepares: None,
-                        }]);
+                        let answers = VecDeque::from([Expect::new(Answer::Piece)]);
                         self.relay(socket, out, answers, false).await?;
                         !self.last_failed
                     }
@@ -1009,16 +1004,7 @@ impl Forwarder {
                         .clone();
                     self.lent = Some(lent);
                     if !startup.is_empty() {
-                        if let Some(lent) = self.lent.as_mut() {
-                            lent.dirty = true;
-                        }
-                        let mut out = BytesMut::new();
-                        encode(&QueryMessage::new(startup), &mut out);
-                        let answers = VecDeque::from([Expect {
-                            answer: Answer::Quiet,
-                            prepares: None,
-                        }]);
-                        self.relay(socket, out, answers, false).await?;
+                        self.quietly(socket, startup).await?;
                     }
                 }
                 Err(e) => {
@@ -1040,17 +1026,27 @@ impl Forwarder {
                     settings.clone()
                 };
                 lent.applied = settings;
-                lent.dirty = true;
-                let mut out = BytesMut::new();
-                encode(&QueryMessage::new(sql), &mut out);
-                let answers = VecDeque::from([Expect {
-                    answer: Answer::Quiet,
-                    prepares: None,
-                }]);
-                self.relay(socket, out, answers, false).await?;
+                self.quietly(socket, sql).await?;
             }
         }
         Ok(self.lent.is_some())
+    }
+
+    /// Runs sluice's own `sql` on the lent connection before the client's statement: its
+    /// answer is not shown (an error comes back as a notice), and the connection counts as
+    /// changed.
+    async fn quietly<S, T>(&mut self, socket: &mut Socket<S, T>, sql: String) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        if let Some(lent) = self.lent.as_mut() {
+            lent.dirty = true;
+        }
+        let mut out = BytesMut::new();
+        encode(&QueryMessage::new(sql), &mut out);
+        let answers = VecDeque::from([Expect::new(Answer::Quiet)]);
+        self.relay(socket, out, answers, false).await
     }
 
     /// The statement (or transaction) ended: what it held is let go.
@@ -1357,34 +1353,29 @@ fn translate(
     answers: &mut VecDeque<Expect>,
     dirty: &mut bool,
 ) {
-    // The statement `prepared` under its pooled name on this connection (if it is not yet).
+    // Prepares `prepared` under its pooled name on this connection unless it already is
+    // (answered as `answer`); whether it was sent.
     let ensure = |prepared: &Prepared,
+                  answer: Answer,
                   lent: &mut Lent,
                   out: &mut BytesMut,
                   answers: &mut VecDeque<Expect>| {
-        if lent.prepared.insert(prepared.pooled_name.clone()) {
+        let sent = lent.prepared.insert(prepared.pooled_name.clone());
+        if sent {
             encode(&prepared.parse(&prepared.pooled_name), out);
             answers.push_back(Expect {
-                answer: Answer::Prepare,
+                answer,
                 prepares: Some(prepared.pooled_name.clone()),
             });
         }
+        sent
     };
     match step {
         Step::Parse { name, prepared } => {
             *dirty |= prepared.forwarded.changes_session;
             if pooled && !name.is_empty() {
-                if lent.prepared.insert(prepared.pooled_name.clone()) {
-                    encode(&prepared.parse(&prepared.pooled_name), out);
-                    answers.push_back(Expect {
-                        answer: Answer::Relay(Ends::One),
-                        prepares: Some(prepared.pooled_name.clone()),
-                    });
-                } else {
-                    answers.push_back(Expect {
-                        answer: Answer::Synthetic(b'1'),
-                        prepares: None,
-                    });
+                if !ensure(&prepared, Answer::Relay(Ends::One), lent, out, answers) {
+                    answers.push_back(Expect::new(Answer::Synthetic(b'1')));
                 }
             } else {
                 encode(&prepared.parse(&name), out);
@@ -1395,7 +1386,7 @@ fn translate(
             if let (true, Some(p)) = (pooled, &prepared) {
                 let statement = bind.statement_name.clone().unwrap_or_default();
                 if !statement.is_empty() {
-                    ensure(p, lent, out, answers);
+                    ensure(p, Answer::Prepare, lent, out, answers);
                     bind.statement_name = Some(p.pooled_name.clone());
                 }
             }
@@ -1408,7 +1399,7 @@ fn translate(
         Step::DescribeStatement { name, prepared } => {
             let target = match (pooled, &prepared) {
                 (true, Some(p)) if !name.is_empty() => {
-                    ensure(p, lent, out, answers);
+                    ensure(p, Answer::Prepare, lent, out, answers);
                     p.pooled_name.clone()
                 }
                 _ => name,
@@ -1431,10 +1422,7 @@ fn translate(
             if pooled && !name.is_empty() {
                 // Pooled statements are shared: the client's name is forgotten, the
                 // statement stays.
-                answers.push_back(Expect {
-                    answer: Answer::Synthetic(b'3'),
-                    prepares: None,
-                });
+                answers.push_back(Expect::new(Answer::Synthetic(b'3')));
             } else {
                 encode(&Close::new(TARGET_TYPE_BYTE_STATEMENT, Some(name)), out);
                 answers.push_back(Expect::relay(Ends::One));

@@ -765,7 +765,7 @@ fn message(tag: u8, body: &[u8]) -> Vec<u8> {
 
 /// A client on a bare socket, past start-up (trust) and its first ReadyForQuery.
 async fn raw_client(port: u16) -> tokio::net::TcpStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connects");
@@ -775,21 +775,39 @@ async fn raw_client(port: u16) -> tokio::net::TcpStream {
     let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&startup);
     socket.write_all(&packet).await.expect("startup");
+    messages_until_ready(&mut socket).await;
+    socket
+}
+
+/// One backend message: its type byte and body.
+async fn read_message<R: tokio::io::AsyncRead + Unpin>(socket: &mut R) -> (u8, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut header = [0u8; 5];
+    socket.read_exact(&mut header).await.expect("header");
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    let mut body = vec![0u8; len - 4];
+    socket.read_exact(&mut body).await.expect("body");
+    (header[0], body)
+}
+
+/// Backend messages up to and including ReadyForQuery.
+async fn messages_until_ready<R: tokio::io::AsyncRead + Unpin>(
+    socket: &mut R,
+) -> Vec<(u8, Vec<u8>)> {
+    let mut messages = Vec::new();
     loop {
-        let mut header = [0u8; 5];
-        socket.read_exact(&mut header).await.expect("header");
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        socket.read_exact(&mut body).await.expect("body");
-        if header[0] == b'Z' {
-            return socket;
+        let message = read_message(socket).await;
+        let ready = message.0 == b'Z';
+        messages.push(message);
+        if ready {
+            return messages;
         }
     }
 }
 
 #[tokio::test]
 async fn a_client_vanishing_mid_copy_leaves_the_table_as_it_was() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let s = setup(PoolMode::Session, 2).await;
     let direct = s.direct().await;
     direct
@@ -801,12 +819,7 @@ async fn a_client_vanishing_mid_copy_leaves_the_table_as_it_was() {
         .write_all(&message(b'Q', b"COPY t FROM STDIN\0"))
         .await
         .expect("copy");
-    let mut header = [0u8; 5];
-    socket
-        .read_exact(&mut header)
-        .await
-        .expect("CopyInResponse");
-    assert_eq!(header[0], b'G');
+    assert_eq!(read_message(&mut socket).await.0, b'G', "CopyInResponse");
     socket
         .write_all(&message(b'd', b"2\n3\n"))
         .await
@@ -826,20 +839,14 @@ async fn a_client_vanishing_mid_copy_leaves_the_table_as_it_was() {
 
 #[tokio::test]
 async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let s = setup(PoolMode::Transaction, 2).await;
     let socket = raw_client(s.server.port).await;
     // 1,000 statements, each Parse/Bind/Execute, and one Sync at the very end: far more than
     // sluice holds back, so it sends them on as they come.
     let mut pipeline = Vec::new();
     for i in 0..1000 {
-        let sql = format!("SELECT {i}\0");
-        let mut parse = b"\0".to_vec();
-        parse.extend_from_slice(sql.as_bytes());
-        parse.extend_from_slice(&0u16.to_be_bytes());
-        pipeline.extend(message(b'P', &parse));
-        pipeline.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
-        pipeline.extend(message(b'E', b"\0\0\0\0\0"));
+        pipeline.extend(parse_bind_execute("", "", &format!("SELECT {i}")));
     }
     pipeline.extend(message(b'S', b""));
     let (mut read, mut write) = socket.into_split();
@@ -847,23 +854,16 @@ async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
         write.write_all(&pipeline).await.expect("pipeline");
         write
     });
-    let mut tags = Vec::new();
-    let mut rows = Vec::new();
-    loop {
-        let mut header = [0u8; 5];
-        read.read_exact(&mut header).await.expect("header");
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        read.read_exact(&mut body).await.expect("body");
-        if header[0] == b'D' {
+    let messages = messages_until_ready(&mut read).await;
+    let tags: Vec<u8> = messages.iter().map(|(tag, _)| *tag).collect();
+    let rows: Vec<i32> = messages
+        .iter()
+        .filter(|(tag, _)| *tag == b'D')
+        .map(|(_, body)| {
             let value = String::from_utf8_lossy(&body[6..]).into_owned();
-            rows.push(value.parse::<i32>().expect("a number"));
-        }
-        tags.push(header[0]);
-        if header[0] == b'Z' {
-            break;
-        }
-    }
+            value.parse::<i32>().expect("a number")
+        })
+        .collect();
     let _ = writer.await;
     assert_eq!(
         rows,
@@ -876,22 +876,14 @@ async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
 
 /// Reads messages up to ReadyForQuery; returns their type bytes.
 async fn tags_until_ready(socket: &mut tokio::net::TcpStream) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut tags = String::new();
-    loop {
-        let mut header = [0u8; 5];
-        socket.read_exact(&mut header).await.expect("header");
-        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        socket.read_exact(&mut body).await.expect("body");
-        tags.push(header[0] as char);
-        if header[0] == b'Z' {
-            return tags;
-        }
-    }
+    messages_until_ready(socket)
+        .await
+        .iter()
+        .map(|(tag, _)| *tag as char)
+        .collect()
 }
 
-/// Parse (unnamed statement), Bind (unnamed portal), Execute of `sql`.
+/// Parse of `sql` as `statement`, Bind of it to `portal`, Execute of that portal.
 fn parse_bind_execute(statement: &str, portal: &str, sql: &str) -> Vec<u8> {
     let mut parse = format!("{statement}\0{sql}\0").into_bytes();
     parse.extend_from_slice(&0u16.to_be_bytes());
