@@ -128,19 +128,8 @@ fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
 pub(crate) fn column_names(
     statement: &datafusion::sql::parser::Statement,
 ) -> Option<Vec<Option<String>>> {
-    use datafusion::sql::sqlparser::ast::{Expr, SelectItem, SetExpr, Statement};
-    fn name(expr: &Expr) -> Option<String> {
-        match expr {
-            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => None,
-            Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_lowercase()),
-            Expr::Cast { expr, .. } | Expr::Nested(expr) => match expr.as_ref() {
-                Expr::Identifier(i) => Some(i.value.clone()),
-                Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
-                inner => name(inner),
-            },
-            _ => Some("?column?".to_string()),
-        }
-    }
+    use datafusion::sql::sqlparser::ast::{SelectItem, SetExpr, Statement};
+    let name = postgres_name;
     let datafusion::sql::parser::Statement::Statement(statement) = statement else {
         return None;
     };
@@ -159,6 +148,23 @@ pub(crate) fn column_names(
             _ => None,
         })
         .collect()
+}
+
+/// The name Postgres gives an unaliased select item; `None` for a column (DataFusion names it
+/// the same).
+pub(crate) fn postgres_name(expr: &datafusion::sql::sqlparser::ast::Expr) -> Option<String> {
+    use datafusion::sql::sqlparser::ast::Expr;
+    match expr {
+        Expr::Identifier(_) | Expr::CompoundIdentifier(_) => None,
+        Expr::Function(f) => f.name.0.last().map(|p| p.to_string().to_lowercase()),
+        Expr::Cast { expr, .. } | Expr::Nested(expr) => match expr.as_ref() {
+            Expr::Identifier(i) => Some(i.value.clone()),
+            Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+            inner => postgres_name(inner),
+        },
+        Expr::Case { .. } => Some("case".to_string()),
+        _ => Some("?column?".to_string()),
+    }
 }
 
 /// The result schema with the Postgres names of [`column_names`] where they apply.

@@ -112,7 +112,9 @@ impl Embedded {
 
     fn with_runtime(runtime: EngineRuntime, memory_limit: usize) -> std::io::Result<Embedded> {
         let config = SessionConfig::new()
-            .with_information_schema(true)
+            // sluice serves information_schema itself, as Postgres names it
+            // (crate::pg_catalog); DataFusion's SHOW reads its df_settings there.
+            .with_information_schema(false)
             .with_default_catalog_and_schema("datafusion", "public");
         // One pool for every session: the limit is the engine's, not a query's. Errors name
         // the largest consumers (DataFusion's tracking pool).
@@ -122,6 +124,8 @@ impl Embedded {
             .map_err(|e| std::io::Error::other(format!("the engine's memory pool: {e}")))?;
         let base = SessionContext::new_with_config_rt(config, env);
         crate::functions::register(&base);
+        crate::pg_catalog::register(&base)
+            .map_err(|e| std::io::Error::other(format!("the engine's pg_catalog: {e}")))?;
         Ok(Embedded {
             base,
             generation: Arc::default(),
@@ -734,7 +738,12 @@ async fn plan(
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
         postgres_series(inner);
     }
+    // Named before the catalog rewrites, which alias and replace items Postgres names by
+    // what the client wrote.
     let names = column_names(&statement);
+    if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
+        crate::pg_catalog::postgres_catalog(inner);
+    }
     let plan = state.statement_to_plan(statement).await.map_err(df)?;
     Ok((plan, names))
 }

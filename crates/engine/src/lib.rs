@@ -10,7 +10,9 @@
 //!
 //! Modules: [`embedded`] (the engine, its sessions and its runtime), [`cache`] (the plan cache),
 //! [`compat`] (what Postgres clients expect where DataFusion differs), [`functions`]
-//! (`pg_sleep`), [`error`] (the one mapping of DataFusion's errors to sluice's), [`upstream`]
+//! (`pg_sleep`), [`pg_catalog`] (Postgres's `pg_catalog` and `information_schema` made from
+//! the engine's catalogs, the functions clients' catalog queries call, and the Postgres type
+//! each Arrow type is sent as), [`error`] (the one mapping of DataFusion's errors to sluice's), [`upstream`]
 //! (the upstream database's wire, for upstream mode: a Postgres-protocol client that keeps
 //! every message as it came).
 //!
@@ -44,6 +46,7 @@ pub mod error;
 pub mod functions;
 pub mod io;
 pub mod memory;
+pub mod pg_catalog;
 pub mod upstream;
 
 use std::pin::Pin;

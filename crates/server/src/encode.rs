@@ -28,32 +28,9 @@ use sluice_engine::datafusion;
 
 /// The Postgres type a column of `dt` is sent as.
 pub fn pg_type(dt: &DataType) -> Type {
-    match dt {
-        DataType::Boolean => Type::BOOL,
-        DataType::Int8 | DataType::Int16 | DataType::UInt8 => Type::INT2,
-        DataType::Int32 | DataType::UInt16 => Type::INT4,
-        DataType::Int64 | DataType::UInt32 | DataType::UInt64 => Type::INT8,
-        DataType::Float16 | DataType::Float32 => Type::FLOAT4,
-        DataType::Float64 => Type::FLOAT8,
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Type::TEXT,
-        DataType::Binary | DataType::LargeBinary => Type::BYTEA,
-        DataType::Date32 => Type::DATE,
-        DataType::Timestamp(_, None) => Type::TIMESTAMP,
-        DataType::Timestamp(_, Some(_)) => Type::TIMESTAMPTZ,
-        DataType::Decimal128(p, _) if *p <= 28 => Type::NUMERIC,
-        DataType::Interval(_) | DataType::Duration(_) => Type::INTERVAL,
-        DataType::List(f) | DataType::LargeList(f) => match f.data_type() {
-            DataType::Boolean => Type::BOOL_ARRAY,
-            DataType::Int8 | DataType::Int16 | DataType::UInt8 => Type::INT2_ARRAY,
-            DataType::Int32 | DataType::UInt16 => Type::INT4_ARRAY,
-            DataType::Int64 | DataType::UInt32 => Type::INT8_ARRAY,
-            DataType::Float32 => Type::FLOAT4_ARRAY,
-            DataType::Float64 => Type::FLOAT8_ARRAY,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Type::TEXT_ARRAY,
-            _ => Type::TEXT,
-        },
-        _ => Type::TEXT,
-    }
+    // One mapping for the wire and the engine's pg_catalog, so a client's type lookups agree
+    // with the rows it receives.
+    Type::from_oid(sluice_engine::pg_catalog::type_oid(dt)).unwrap_or(Type::TEXT)
 }
 
 /// The elements of a list value, as the array element type [`pg_type`] chose.

@@ -141,6 +141,11 @@ pub async fn serve(
         shared: shared.clone(),
     });
     tokio::pin!(shutdown);
+    // The system tables exist from the start, so a client listing the catalog (psql's
+    // `\dt system.*`) finds them before anything has read one.
+    if let Err(e) = system::refresh(&shared) {
+        tracing::warn!("system tables not published: {e}");
+    }
     if let Some(upstream) = &shared.upstream {
         upstream.probe().await;
     }

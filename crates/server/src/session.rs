@@ -554,6 +554,9 @@ impl Connection {
             ClientStatement::Show(name) => {
                 let value = if name == "workload" {
                     self.workload_of(user, None)?
+                } else if name == "server_version" {
+                    // As announced at start-up (upstream mode forwards this SHOW).
+                    sluice_engine::pg_catalog::server_version()
                 } else {
                     self.var(&name).unwrap_or_default()
                 };
@@ -1707,7 +1710,12 @@ impl StartupOptions for Connection {
             .upstream
             .as_ref()
             .map(|u| u.parameters())
-            .unwrap_or_default()
+            .unwrap_or_else(|| {
+                vec![(
+                    "server_version".to_string(),
+                    sluice_engine::pg_catalog::server_version(),
+                )]
+            })
     }
 
     /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.

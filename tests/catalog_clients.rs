@@ -1,0 +1,175 @@
+//! A DBA's own tools against `sluice serve` on the embedded engine (the binary, as a process):
+//! psql's catalog commands print what they print against the machine's PostgreSQL for the
+//! same tables (names normalized: the owner, the database), and psycopg connects, describes
+//! results and reads the catalog as it does against PostgreSQL.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{free_port, start};
+use sluice_testpg::{Auth, Postgres};
+
+/// The tables both sides get (sluice has no indexes, constraints or defaults, so none here).
+const SCHEMA: &str = "CREATE TABLE t (id int NOT NULL, name text, score double precision, \
+                      at timestamp, amount numeric(10,2));
+                      INSERT INTO t VALUES (1, 'one', 1.5, '2026-01-02 03:04:05', 12.34);
+                      CREATE TABLE other (x bigint, flag boolean);
+                      CREATE VIEW v AS SELECT id, name FROM t";
+
+/// Runs psql against `port` as `user`, one command per `-c`; returns stdout (panics on
+/// failure).
+fn psql(port: u16, user: &str, database: &str, commands: &[&str]) -> String {
+    let mut cmd = Command::new("psql");
+    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-U", user, "-d", database]);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("psql runs (install postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {commands:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// psql's output with the owner's name as `OWNER`, padded columns closed up (names of other
+/// lengths change column widths).
+fn normalized(text: &str, owner: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let line = if owner.is_empty() {
+                line.to_string()
+            } else {
+                line.replace(owner, "OWNER")
+            };
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let joined = cells.join("|");
+            // Rule lines (`---+---`) and titles depend on widths only.
+            if joined.chars().all(|c| c == '-' || c == '+' || c == '|') {
+                "---".to_string()
+            } else {
+                joined.trim().to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn psql_describes_sluice_tables_as_postgres_describes_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg_dir = dir.path().join("pgroot");
+    std::fs::create_dir(&pg_dir).expect("pg dir");
+    let pg = Postgres::start(&pg_dir, "dba", Auth::Trust);
+    let port = free_port();
+    let _server = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
+    psql(pg.port, "dba", "postgres", &[SCHEMA]);
+    psql(port, "dba", "any", &[SCHEMA]);
+    // sluice's `system` schema, as PostgreSQL lists a schema of the same name.
+    psql(pg.port, "dba", "postgres", &["CREATE SCHEMA system"]);
+
+    for command in [
+        "\\dt",
+        "\\d",
+        "\\d t",
+        "\\d+ t",
+        "\\d other",
+        "\\dv",
+        "\\dn",
+        "\\df",
+    ] {
+        let direct = normalized(&psql(pg.port, "dba", "postgres", &[command]), "dba");
+        let sluice = normalized(&psql(port, "dba", "any", &[command]), "sluice");
+        assert_eq!(
+            sluice, direct,
+            "{command}: sluice (left) vs PostgreSQL (right)"
+        );
+    }
+    // `\l`: sluice has one database of its own; the listing has Postgres's shape.
+    let direct = psql(pg.port, "dba", "postgres", &["\\l"]);
+    let sluice = psql(port, "dba", "any", &["\\l"]);
+    let header = |s: &str| {
+        normalized(
+            s.lines().take(3).collect::<Vec<_>>().join("\n").as_str(),
+            "",
+        )
+    };
+    assert_eq!(header(&sluice), header(&direct), "\\l header");
+    assert!(sluice.contains(" sluice "), "{sluice}");
+    // The system tables are in the catalog too (not on the search path, as in Postgres).
+    let system = psql(port, "dba", "any", &["\\dt system.*"]);
+    assert!(system.contains("system | workloads"), "{system}");
+    // What drivers check first.
+    let version = psql(
+        port,
+        "dba",
+        "any",
+        &["SELECT version()", "SHOW server_version"],
+    );
+    assert!(version.contains("PostgreSQL 15.0 (sluice"), "{version}");
+    assert!(version.contains("Apache DataFusion"), "{version}");
+    assert_eq!(
+        psql(
+            port,
+            "dba",
+            "any",
+            &["SELECT current_database(), current_schema()"]
+        )
+        .lines()
+        .nth(2)
+        .map(normalized_row),
+        Some("sluice|public".to_string())
+    );
+}
+
+fn normalized_row(line: &str) -> String {
+    line.split('|').map(str::trim).collect::<Vec<_>>().join("|")
+}
+
+#[test]
+fn psycopg_reads_sluice_catalog_as_it_reads_postgres() {
+    let Some(python) = std::env::var_os("SLUICE_DRIVERS_PYTHON") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SLUICE_DRIVERS_PYTHON is not set (.ci/run makes the venv)"
+        );
+        eprintln!("skipped: set SLUICE_DRIVERS_PYTHON to a python with psycopg");
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/catalog.py");
+    let run = |dsn: &str| {
+        let out = Command::new(&python)
+            .arg(&script)
+            .arg(dsn)
+            .output()
+            .expect("runs the catalog script");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{dsn}: the script failed:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg_dir = dir.path().join("pgroot");
+    std::fs::create_dir(&pg_dir).expect("pg dir");
+    let pg = Postgres::start(&pg_dir, "dba", Auth::Trust);
+    let port = free_port();
+    let _server = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
+    psql(pg.port, "dba", "postgres", &[SCHEMA]);
+    psql(port, "dba", "any", &[SCHEMA]);
+    let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
+    let sluice = run(&format!("postgresql://dba@127.0.0.1:{port}/any"));
+    assert!(direct.lines().count() >= 10, "{direct}");
+    assert_eq!(
+        sluice, direct,
+        "psycopg: sluice (left) vs PostgreSQL (right)"
+    );
+}
