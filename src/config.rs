@@ -17,6 +17,10 @@ pub struct Config {
     /// `[disks.NAME] path = "…"`: the disks `READ DISK`/`WRITE DISK` resources name.
     #[serde(default)]
     pub disks: BTreeMap<String, DiskConfig>,
+    /// `[http] listen`: the metrics and the live page.
+    #[serde(default)]
+    pub http: MetricsConfig,
+    /// `[metrics] listen`: the same as `[http] listen` (its earlier name).
     #[serde(default)]
     pub metrics: MetricsConfig,
     #[serde(default)]
@@ -50,7 +54,8 @@ pub struct DiskConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Where Prometheus scrapes `/metrics`; unset: no metrics endpoint.
+    /// Where Prometheus scrapes `/metrics` and browsers find the live page (`/`); unset: no
+    /// HTTP endpoint.
     pub listen: Option<String>,
 }
 

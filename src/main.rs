@@ -325,9 +325,17 @@ fn serve(
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let metrics_addr: Option<std::net::SocketAddr> = match &config.metrics.listen {
+    if config.http.listen.is_some() && config.metrics.listen.is_some() {
+        anyhow::bail!("set [http] listen or its earlier name [metrics] listen, not both");
+    }
+    let metrics_addr: Option<std::net::SocketAddr> = match config
+        .http
+        .listen
+        .as_ref()
+        .or(config.metrics.listen.as_ref())
+    {
         Some(m) => Some(m.parse().with_context(|| {
-            format!("metrics.listen: '{m}' is not an address like 127.0.0.1:9187")
+            format!("http.listen: '{m}' is not an address like 127.0.0.1:9187")
         })?),
         None => None,
     };
@@ -392,15 +400,24 @@ fn serve(
             options.machine.cores,
             options.machine.memory
         );
+        // What a newcomer types next.
+        let bound = listener.local_addr().unwrap_or(addr);
+        tracing::info!(
+            "connect with: psql -h {} -p {} -U <user> sluice",
+            bound.ip(),
+            bound.port()
+        );
         if let Some(metrics_addr) = metrics_addr {
             let metrics = tokio::net::TcpListener::bind(metrics_addr)
                 .await
-                .with_context(|| format!("metrics.listen: cannot listen on {metrics_addr}"))?;
-            tracing::info!("metrics at http://{metrics_addr}/metrics");
+                .with_context(|| format!("http.listen: cannot listen on {metrics_addr}"))?;
+            tracing::info!(
+                "live page at http://{metrics_addr}/ , metrics at http://{metrics_addr}/metrics"
+            );
             // Ends with the runtime, after the server has drained.
-            tokio::spawn(sluice_server::metrics::serve_metrics(
+            tokio::spawn(sluice_server::metrics::serve_http(
                 metrics,
-                shared.metrics.clone(),
+                shared.clone(),
                 std::future::pending(),
             ));
         }

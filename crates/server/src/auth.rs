@@ -157,6 +157,35 @@ impl Users {
         self.by_name.is_empty()
     }
 
+    /// Whether `password` is `name`'s (checked against the stored SCRAM verifier, as the SQL
+    /// port's SCRAM exchange would): for HTTP Basic authentication of the live page.
+    pub fn check_password(&self, name: &str, password: &str) -> bool {
+        let Some((_, v)) = self.by_name.get(name) else {
+            return false;
+        };
+        let salted = gen_salted_password(password, &v.salt, v.iterations);
+        match ScramSecret::verifier_from_salted_password(v.salt.clone(), salted, v.iterations) {
+            ScramSecret::Verifier { stored_key, .. } => {
+                stored_key.len() == v.stored_key.len()
+                    && stored_key
+                        .iter()
+                        .zip(&v.stored_key)
+                        .fold(0u8, |d, (a, b)| d | (a ^ b))
+                        == 0
+            }
+            _ => false,
+        }
+    }
+
+    /// `Authorization: Basic …` (the header's value) decoded and checked.
+    pub fn check_basic(&self, header: &str) -> Option<String> {
+        let encoded = header.trim().strip_prefix("Basic ")?;
+        let decoded = String::from_utf8(STANDARD.decode(encoded.trim()).ok()?).ok()?;
+        let (name, password) = decoded.split_once(':')?;
+        self.check_password(name, password)
+            .then(|| name.to_string())
+    }
+
     pub fn get(&self, name: &str) -> Option<&User> {
         self.by_name.get(name).map(|(u, _)| u)
     }

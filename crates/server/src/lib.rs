@@ -44,6 +44,7 @@ pub mod lease;
 pub mod memory;
 pub mod metrics;
 pub mod operator;
+pub mod page;
 pub mod params;
 pub mod query_log;
 pub mod record;

@@ -205,26 +205,31 @@ fn escape_label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` completes. One request per
-/// connection; anything else gets 404, oversized requests 431.
-pub async fn serve_metrics(
+/// Serves `GET /metrics`, and the live page (`GET /`, `/state`, `/events`; see
+/// [`crate::page`]), on `listener` until `shutdown` completes. One request per connection
+/// (an event stream lasts as long as its browser stays); anything else gets 404, oversized
+/// requests 431. When users are configured, the page asks for one of them (HTTP Basic, checked
+/// against the same SCRAM verifiers as the SQL port); `/metrics` stays open to scrapers.
+pub async fn serve_http(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
+    shared: Arc<crate::state::Shared>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let streams = Arc::new(tokio::sync::Semaphore::new(crate::page::MAX_STREAMS));
     loop {
         let (mut socket, _) = tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!("metrics: accept failed: {e}");
+                    tracing::warn!("http: accept failed: {e}");
                     continue;
                 }
             },
         };
-        let metrics = metrics.clone();
+        let shared = shared.clone();
+        let streams = streams.clone();
         tokio::spawn(async move {
             let mut request = Vec::new();
             let mut buf = [0u8; 1024];
@@ -240,22 +245,90 @@ pub async fn serve_metrics(
             if read.is_err() {
                 return;
             }
-            let line = String::from_utf8_lossy(&request);
-            let line = line.lines().next().unwrap_or_default();
-            let (status, body) = if request.len() > 8192 {
-                ("431 Request Header Fields Too Large", String::new())
-            } else if line.starts_with("GET /metrics ") || line == "GET /metrics" {
-                ("200 OK", metrics.render())
-            } else {
-                (
-                    "404 Not Found",
-                    "sluice serves metrics at GET /metrics\n".into(),
+            let text = String::from_utf8_lossy(&request);
+            let line = text.lines().next().unwrap_or_default();
+            let path = line
+                .strip_prefix("GET ")
+                .and_then(|rest| rest.split(' ').next())
+                .map(|p| p.split('?').next().unwrap_or(p));
+            let authorized = shared.users.is_empty()
+                || text
+                    .lines()
+                    .filter_map(|l| l.split_once(':'))
+                    .find(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+                    .and_then(|(_, value)| shared.users.check_basic(value))
+                    .is_some();
+            let respond = |status: &str, kind: &str, extra: &str, body: String| {
+                format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
+                    body.len()
                 )
             };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let response = if request.len() > 8192 {
+                respond(
+                    "431 Request Header Fields Too Large",
+                    "text/plain",
+                    "",
+                    String::new(),
+                )
+            } else {
+                match path {
+                    Some("/metrics") => respond(
+                        "200 OK",
+                        "text/plain; version=0.0.4",
+                        "",
+                        shared.metrics.render(),
+                    ),
+                    Some("/" | "/index.html" | "/state" | "/events") if !authorized => respond(
+                        "401 Unauthorized",
+                        "text/plain",
+                        "WWW-Authenticate: Basic realm=\"sluice\", charset=\"UTF-8\"\r\n",
+                        "sluice's page asks for one of its users (the SQL port's name and password)\n".into(),
+                    ),
+                    Some("/" | "/index.html") => respond(
+                        "200 OK",
+                        "text/html; charset=utf-8",
+                        "Cache-Control: no-cache\r\n",
+                        crate::page::INDEX_HTML.to_string(),
+                    ),
+                    Some("/state") => respond(
+                        "200 OK",
+                        "application/json",
+                        "Cache-Control: no-cache\r\n",
+                        crate::page::state_json(&shared),
+                    ),
+                    Some("/events") => {
+                        let Ok(_stream) = streams.try_acquire() else {
+                            let busy = respond(
+                                "503 Service Unavailable",
+                                "text/plain",
+                                "",
+                                format!("at most {} live pages at once\n", crate::page::MAX_STREAMS),
+                            );
+                            let _ = socket.write_all(busy.as_bytes()).await;
+                            return;
+                        };
+                        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\r\nretry: 1000\n\n";
+                        if socket.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let mut tick = tokio::time::interval(Duration::from_secs(1));
+                        loop {
+                            tick.tick().await;
+                            let event = format!("data: {}\n\n", crate::page::state_json(&shared));
+                            if socket.write_all(event.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    _ => respond(
+                        "404 Not Found",
+                        "text/plain",
+                        "",
+                        "sluice serves GET /metrics, and its live page at GET /\n".into(),
+                    ),
+                }
+            };
             let _ = socket.write_all(response.as_bytes()).await;
             let _ = socket.shutdown().await;
         });

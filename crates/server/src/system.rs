@@ -58,9 +58,16 @@ pub fn refresh_if_mentioned(shared: &Shared, query: &str) -> Result<()> {
 
 /// Rebuilds every system table from the current state.
 pub fn refresh(shared: &Shared) -> Result<()> {
+    tables(shared, &mut |name, b| {
+        shared.engine.publish_table("system", name, b)
+    })
+}
+
+/// Every system table as of now, each handed to `set` by name (the engine publishes them;
+/// the live page sends them to browsers).
+pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<()>) -> Result<()> {
     let snapshot = shared.snapshot();
     let catalog = &snapshot.catalog;
-    let set = |name: &str, b: RecordBatch| shared.engine.publish_table("system", name, b);
 
     let workloads: Vec<_> = catalog.workloads().collect();
     set(

@@ -297,9 +297,9 @@ async fn metrics_count_admissions_rejections_and_waits() {
         .await
         .expect("bind");
     let metrics_port = listener.local_addr().expect("addr").port();
-    tokio::spawn(sluice_server::metrics::serve_metrics(
+    tokio::spawn(sluice_server::metrics::serve_http(
         listener,
-        server.shared.metrics.clone(),
+        server.shared.clone(),
         std::future::pending(),
     ));
     let admin = server.client().await;
@@ -364,8 +364,16 @@ async fn metrics_count_admissions_rejections_and_waits() {
         })
         .expect("bucket");
     assert!(!fastest.ends_with(" 5"), "{fastest}");
-    let other = scrape(metrics_port, "GET / HTTP/1.1\r\n\r\n").await;
+    let other = scrape(metrics_port, "GET /nothing HTTP/1.1\r\n\r\n").await;
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    // The same port serves the live page, and its figures as JSON.
+    let page = scrape(metrics_port, "GET / HTTP/1.1\r\n\r\n").await;
+    assert!(
+        page.starts_with("HTTP/1.1 200") && page.contains("text/html"),
+        "{page}"
+    );
+    let state = scrape(metrics_port, "GET /state HTTP/1.1\r\n\r\n").await;
+    assert!(state.contains("\"path\":\"/all/semaphore/w\""), "{state}");
     server.stop().await;
 }
 
@@ -638,5 +646,100 @@ async fn pg_terminate_backend_closes_the_connection() {
         ["f"]
     );
     assert_nothing_held(&admin).await;
+    server.stop().await;
+}
+
+/// The Grafana dashboard (`examples/grafana/sluice.json`) has what an import needs (a title, a
+/// uid, a schema version, panels each with a type, a place and Prometheus queries) and names
+/// only metrics a running sluice exports.
+#[tokio::test]
+async fn the_grafana_dashboard_names_only_exported_metrics() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/grafana/sluice.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    for key in ["title", "uid"] {
+        assert!(dashboard[key].is_string(), "{key}");
+    }
+    assert!(dashboard["schemaVersion"].is_u64(), "schemaVersion");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 4, "{} panels", panels.len());
+    let mut exprs = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    for panel in panels {
+        assert!(panel["type"].is_string(), "{panel}");
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("panel id")),
+            "duplicate id"
+        );
+        for key in ["x", "y", "w", "h"] {
+            assert!(
+                panel["gridPos"][key].is_u64(),
+                "gridPos.{key} of {}",
+                panel["title"]
+            );
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", panel["title"]);
+        for t in targets {
+            exprs.push(t["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+    {
+        if let Some(q) = var["definition"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+
+    // What a running server exports, with a workload that has run a query.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(options(dir.path())).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let metrics_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(sluice_server::metrics::serve_http(
+        listener,
+        server.shared.clone(),
+        std::future::pending(),
+    ));
+    let admin = server.client().await;
+    admin
+        .batch_execute("CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; CREATE WORKLOAD w IN all")
+        .await
+        .expect("ddl");
+    admin
+        .simple_query("SELECT 1 SETTINGS workload = 'w'")
+        .await
+        .expect("runs");
+    let scraped = scrape(metrics_port, "GET /metrics HTTP/1.1\r\n\r\n").await;
+    let exported: std::collections::HashSet<&str> = scraped
+        .lines()
+        .filter(|l| l.starts_with("sluice_"))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let mut named = 0;
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("sluice_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                exported.contains(name.as_str()),
+                "{name} (in {expr}) is not exported:\n{scraped}"
+            );
+            named += 1;
+            rest = &rest[at + name.len()..];
+        }
+    }
+    assert!(
+        named >= panels.len(),
+        "the panels name sluice's metrics: {exprs:?}"
+    );
     server.stop().await;
 }

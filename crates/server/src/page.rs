@@ -1,0 +1,131 @@
+//! The live page: the workload tree per resource with its figures, and the running and
+//! waiting queries, in a browser, updating by itself. Served from the metrics endpoint's
+//! server (one port): `GET /` is the page (plain HTML, CSS and JavaScript compiled into the
+//! binary, nothing fetched from elsewhere), `GET /state` the figures as JSON, `GET /events` the
+//! same figures as server-sent events, one event a second.
+//!
+//! Invariants:
+//! - The figures are the system tables' own rows (`system.resources`, `system.workloads`,
+//!   `system.scheduler`, `system.processes`), built by [`crate::system::tables`]: the page
+//!   shows what SQL shows, never a second account of it.
+//! - Read-only: nothing here changes the server.
+//! - At most [`MAX_STREAMS`] event streams at once; each ends when its browser goes away.
+
+use std::fmt::Write as _;
+
+use sluice_engine::datafusion::arrow::array::{Array, AsArray};
+use sluice_engine::datafusion::arrow::datatypes::DataType;
+use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
+use sluice_engine::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+
+use crate::state::Shared;
+
+/// The page itself.
+pub const INDEX_HTML: &str = include_str!("page/index.html");
+
+/// Event streams served at once; more get 503.
+pub const MAX_STREAMS: usize = 64;
+
+/// The tables the page shows.
+const TABLES: [&str; 4] = ["resources", "workloads", "scheduler", "processes"];
+
+/// The page's figures as of now: `{"at": <unix ms>, "<table>": [{column: value, …}, …], …}`.
+pub fn state_json(shared: &Shared) -> String {
+    let mut out = String::from("{");
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let _ = write!(out, "\"at\":{at}");
+    let result = crate::system::tables(shared, &mut |name, batch| {
+        if TABLES.contains(&name) {
+            let _ = write!(out, ",\"{name}\":");
+            rows_json(&batch, &mut out);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        let _ = write!(out, ",\"error\":");
+        string(&e.message, &mut out);
+    }
+    out.push('}');
+    out
+}
+
+/// A batch as a JSON array of objects, one per row: numbers and booleans as themselves, NULL
+/// as null, everything else as its text.
+fn rows_json(batch: &RecordBatch, out: &mut String) {
+    let options = FormatOptions::default();
+    let formatters: Vec<Option<ArrayFormatter<'_>>> = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).ok())
+        .collect();
+    out.push('[');
+    for row in 0..batch.num_rows() {
+        if row > 0 {
+            out.push(',');
+        }
+        out.push('{');
+        for (i, field) in batch.schema().fields().iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            string(field.name(), out);
+            out.push(':');
+            let column = batch.column(i);
+            if column.is_null(row) {
+                out.push_str("null");
+                continue;
+            }
+            let text = formatters[i]
+                .as_ref()
+                .map(|f| f.value(row).to_string())
+                .unwrap_or_default();
+            match column.data_type() {
+                DataType::Boolean => out.push_str(if column.as_boolean().value(row) {
+                    "true"
+                } else {
+                    "false"
+                }),
+                t if t.is_numeric() && text.parse::<f64>().is_ok_and(f64::is_finite) => {
+                    out.push_str(&text)
+                }
+                _ => string(&text, out),
+            }
+        }
+        out.push('}');
+    }
+    out.push(']');
+}
+
+/// `s` as a JSON string.
+fn string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            // `<` too, so that no text can close a script element it is put in.
+            c if (c as u32) < 0x20 || c == '<' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_strings_escape_what_json_and_html_need() {
+        let mut out = String::new();
+        string("a\"b\\c\nd</script>\u{1}", &mut out);
+        assert_eq!(out, "\"a\\\"b\\\\c\\nd\\u003c/script>\\u0001\"");
+    }
+}
