@@ -7,27 +7,8 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-
-use common::{free_port, start};
+use common::{free_port, run_python, start};
 use sluice_testpg::{Auth, Postgres};
-
-fn run_script(python: &str, dsn: &str) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/drivers.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(dsn)
-        .output()
-        .expect("runs the driver script");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{dsn}: the script failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
 
 #[test]
 fn psycopg_and_asyncpg_see_sluice_as_they_see_postgres() {
@@ -39,19 +20,20 @@ fn psycopg_and_asyncpg_see_sluice_as_they_see_postgres() {
         eprintln!("skipped: set SLUICE_DRIVERS_PYTHON to a python with psycopg and asyncpg");
         return;
     };
-    let python = python.to_str().expect("utf-8 path").to_string();
     let dir = tempfile::tempdir().expect("tempdir");
     let pg_dir = dir.path().join("postgres");
     std::fs::create_dir(&pg_dir).expect("dir");
     let postgres = Postgres::start(&pg_dir, "drivers", Auth::Trust);
-    let expected = run_script(
+    let expected = run_python(
         &python,
+        "drivers/drivers.py",
         &format!("postgresql://drivers@127.0.0.1:{}/postgres", postgres.port),
     );
     let port = free_port();
     let _sluice = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
-    let got = run_script(
+    let got = run_python(
         &python,
+        "drivers/drivers.py",
         &format!("postgresql://drivers@127.0.0.1:{port}/any"),
     );
     assert!(expected.lines().count() > 20, "{expected}");

@@ -6,28 +6,12 @@ mod common;
 
 use std::process::Command;
 
-use common::{free_port, start};
+use common::{free_port, psql_at, start};
 use sluice_testpg::{Auth, Postgres};
 
-/// Runs psql against `port` as `user`, one command per `-c`; returns stdout (panics on
-/// failure).
+/// Runs psql against `port` as `user` on `shop`, one command per `-c`; returns stdout.
 fn psql(port: u16, user: &str, commands: &[&str]) -> String {
-    let mut cmd = Command::new("psql");
-    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-U", user, "-d", "shop"])
-        .env("PGPASSWORD", "owner-pw");
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("psql runs");
-    assert!(
-        out.status.success(),
-        "psql {commands:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    psql_at(port, user, "shop", Some("owner-pw"), commands)
 }
 
 fn pgbench(port: u16, args: &[&str]) -> String {

@@ -52,3 +52,53 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
     std::thread::spawn(move || for _ in lines {});
     server
 }
+
+/// Runs psql against `port` as `user` on `database` (with `password`, if any), one command
+/// per `-c`, stopping at the first error; returns what it printed (panics on failure).
+pub fn psql_at(
+    port: u16,
+    user: &str,
+    database: &str,
+    password: Option<&str>,
+    commands: &[&str],
+) -> String {
+    let mut cmd = Command::new("psql");
+    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-U", user, "-d", database]);
+    if let Some(password) = password {
+        cmd.env("PGPASSWORD", password);
+    }
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = cmd.output().expect("psql runs (install postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {commands:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs the Python script `tests/<script>` with `dsn`; returns what it printed (panics when it
+/// fails).
+pub fn run_python(python: &std::ffi::OsStr, script: &str, dsn: &str) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(dsn)
+        .output()
+        .expect("runs the script");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{dsn}: {} failed:\n{text}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}

@@ -279,6 +279,20 @@ async fn shutdown_fails_waiters_lets_running_finish_then_stops_stragglers() {
     assert_eq!(sqlstate(&e), "57P01", "{e}");
 }
 
+/// Starts the server's HTTP endpoint (metrics and the live page) on a free port.
+async fn serve_http(server: &TestServer) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(sluice_server::metrics::serve_http(
+        listener,
+        server.shared.clone(),
+        std::future::pending(),
+    ));
+    port
+}
+
 async fn scrape(port: u16, request: &str) -> String {
     let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -293,15 +307,7 @@ async fn scrape(port: u16, request: &str) -> String {
 async fn metrics_count_admissions_rejections_and_waits() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(options(dir.path())).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let metrics_port = listener.local_addr().expect("addr").port();
-    tokio::spawn(sluice_server::metrics::serve_http(
-        listener,
-        server.shared.clone(),
-        std::future::pending(),
-    ));
+    let metrics_port = serve_http(&server).await;
     let admin = server.client().await;
     admin
         .batch_execute(
@@ -697,15 +703,7 @@ async fn the_grafana_dashboard_names_only_exported_metrics() {
     // What a running server exports, with a workload that has run a query.
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(options(dir.path())).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let metrics_port = listener.local_addr().expect("addr").port();
-    tokio::spawn(sluice_server::metrics::serve_http(
-        listener,
-        server.shared.clone(),
-        std::future::pending(),
-    ));
+    let metrics_port = serve_http(&server).await;
     let admin = server.client().await;
     admin
         .batch_execute("CREATE RESOURCE q (QUERY); CREATE WORKLOAD all; CREATE WORKLOAD w IN all")
