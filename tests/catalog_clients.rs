@@ -1,14 +1,13 @@
 //! A DBA's own tools against `sluice serve` on the embedded engine (the binary, as a process):
 //! psql's catalog commands print what they print against the machine's PostgreSQL for the
-//! same tables (names normalized: the owner, the database), and psycopg connects, describes
-//! results and reads the catalog as it does against PostgreSQL.
+//! same tables (names normalized: the owner, the database), and psycopg and node-postgres
+//! connect, describe results and read the catalog as they do against PostgreSQL.
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{free_port, start};
+use common::{free_port, psql_at, run_python, start};
 use sluice_testpg::{Auth, Postgres};
 
 /// The tables both sides get (sluice has no indexes, constraints or defaults, so none here).
@@ -18,24 +17,21 @@ const SCHEMA: &str = "CREATE TABLE t (id int NOT NULL, name text, score double p
                       CREATE TABLE other (x bigint, flag boolean);
                       CREATE VIEW v AS SELECT id, name FROM t";
 
-/// Runs psql against `port` as `user`, one command per `-c`; returns stdout (panics on
-/// failure).
 fn psql(port: u16, user: &str, database: &str, commands: &[&str]) -> String {
-    let mut cmd = Command::new("psql");
-    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-U", user, "-d", database]);
-    for c in commands {
-        cmd.args(["-c", c]);
-    }
-    let out = cmd.output().expect("psql runs (install postgresql-client)");
-    assert!(
-        out.status.success(),
-        "psql {commands:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    psql_at(port, user, database, None, commands)
+}
+
+/// The machine's PostgreSQL and `sluice serve`, both holding [`SCHEMA`] (user `dba`): the
+/// server, sluice's port, and what keeps them running.
+fn both(dir: &Path) -> (Postgres, u16, common::Server) {
+    let pg_dir = dir.join("pgroot");
+    std::fs::create_dir(&pg_dir).expect("pg dir");
+    let pg = Postgres::start(&pg_dir, "dba", Auth::Trust);
+    let port = free_port();
+    let server = start(dir, &["--listen", &format!("127.0.0.1:{port}")]);
+    psql(pg.port, "dba", "postgres", &[SCHEMA]);
+    psql(port, "dba", "any", &[SCHEMA]);
+    (pg, port, server)
 }
 
 /// psql's output with the owner's name as `OWNER`, padded columns closed up (names of other
@@ -64,13 +60,7 @@ fn normalized(text: &str, owner: &str) -> String {
 #[test]
 fn psql_describes_sluice_tables_as_postgres_describes_them() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pg_dir = dir.path().join("pgroot");
-    std::fs::create_dir(&pg_dir).expect("pg dir");
-    let pg = Postgres::start(&pg_dir, "dba", Auth::Trust);
-    let port = free_port();
-    let _server = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
-    psql(pg.port, "dba", "postgres", &[SCHEMA]);
-    psql(port, "dba", "any", &[SCHEMA]);
+    let (pg, port, _server) = both(dir.path());
     // sluice's `system` schema, as PostgreSQL lists a schema of the same name.
     psql(pg.port, "dba", "postgres", &["CREATE SCHEMA system"]);
 
@@ -142,34 +132,51 @@ fn psycopg_reads_sluice_catalog_as_it_reads_postgres() {
         eprintln!("skipped: set SLUICE_DRIVERS_PYTHON to a python with psycopg");
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/catalog.py");
-    let run = |dsn: &str| {
-        let out = Command::new(&python)
-            .arg(&script)
-            .arg(dsn)
-            .output()
-            .expect("runs the catalog script");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{dsn}: the script failed:\n{text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
-    };
+    let run = |dsn: &str| run_python(&python, "drivers/catalog.py", dsn);
     let dir = tempfile::tempdir().expect("tempdir");
-    let pg_dir = dir.path().join("pgroot");
-    std::fs::create_dir(&pg_dir).expect("pg dir");
-    let pg = Postgres::start(&pg_dir, "dba", Auth::Trust);
-    let port = free_port();
-    let _server = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
-    psql(pg.port, "dba", "postgres", &[SCHEMA]);
-    psql(port, "dba", "any", &[SCHEMA]);
+    let (pg, port, _server) = both(dir.path());
     let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
     let sluice = run(&format!("postgresql://dba@127.0.0.1:{port}/any"));
     assert!(direct.lines().count() >= 10, "{direct}");
     assert_eq!(
         sluice, direct,
         "psycopg: sluice (left) vs PostgreSQL (right)"
+    );
+}
+
+#[test]
+fn node_postgres_reads_sluice_catalog_as_it_reads_postgres() {
+    let Some(modules) = std::env::var_os("SLUICE_NODE_MODULES") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SLUICE_NODE_MODULES is not set (.ci/run installs node-postgres)"
+        );
+        eprintln!("skipped: set SLUICE_NODE_MODULES to a node_modules with pg");
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/node_catalog.js");
+    let run = |dsn: &str| {
+        let out = std::process::Command::new("node")
+            .arg(&script)
+            .arg(dsn)
+            .env("NODE_PATH", &modules)
+            .output()
+            .expect("node runs (install nodejs)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{dsn}: node-postgres failed:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pg, port, _server) = both(dir.path());
+    let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
+    let sluice = run(&format!("postgresql://dba@127.0.0.1:{port}/any"));
+    assert!(direct.lines().count() >= 6, "{direct}");
+    assert_eq!(
+        sluice, direct,
+        "node-postgres: sluice (left) vs PostgreSQL (right)"
     );
 }

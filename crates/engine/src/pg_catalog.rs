@@ -21,8 +21,8 @@ use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanBuilder, Float64Builder, Int16Builder, Int32Builder, Int64Builder,
-    StringBuilder,
+    Array, ArrayRef, BooleanBuilder, Float64Builder, Int16Builder, Int32Builder, StringBuilder,
+    UInt32Builder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -179,7 +179,9 @@ pub fn type_oid(dt: &DataType) -> u32 {
         DataType::Boolean => 16,
         DataType::Int8 | DataType::Int16 | DataType::UInt8 => 21,
         DataType::Int32 | DataType::UInt16 => 23,
-        DataType::Int64 | DataType::UInt32 | DataType::UInt64 => 20,
+        DataType::Int64 | DataType::UInt64 => 20,
+        // Postgres's one unsigned 32-bit type; the catalog's oid columns are UInt32.
+        DataType::UInt32 => 26,
         DataType::Float16 | DataType::Float32 => 700,
         DataType::Float64 => 701,
         DataType::Binary | DataType::LargeBinary => 17,
@@ -828,7 +830,7 @@ pub(crate) fn is_catalog_table(name: &str) -> bool {
 fn arrow_type(kind: Kind) -> DataType {
     let list = |t: DataType| DataType::List(Arc::new(Field::new("item", t, true)));
     match kind {
-        Oid => DataType::Int64,
+        Oid => DataType::UInt32,
         Int2 => DataType::Int16,
         Int4 => DataType::Int32,
         Real => DataType::Float64,
@@ -873,8 +875,9 @@ fn column(c: &Col, rows: &[Vec<(&'static str, V)>]) -> Result<ArrayRef> {
                 .collect::<Result<Vec<_>>>()?;
             match c.kind {
                 Oid => {
-                    let mut b = Int64Builder::new();
-                    ints.into_iter().for_each(|v| b.append_option(v));
+                    let mut b = UInt32Builder::new();
+                    ints.into_iter()
+                        .for_each(|v| b.append_option(v.map(|v| v as u32)));
                     Arc::new(b.finish())
                 }
                 Int2 => {
@@ -1541,8 +1544,8 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
             )
         }),
         // `'name'::regclass`, `to_regclass('name')`: the table's oid, NULL if there is none.
-        function("to_regclass", &[1], DataType::Int64, move |args| {
-            ScalarValue::Int64(text(&args[0]).and_then(|name| {
+        function("to_regclass", &[1], DataType::UInt32, move |args| {
+            ScalarValue::UInt32(text(&args[0]).and_then(|name| {
                 let (schema, table) = match name.split_once('.') {
                     Some((s, t)) => (Some(s.to_string()), t.to_string()),
                     None => (None, name),
@@ -1555,19 +1558,20 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
                         .map(|s| oids(s))
                         .find(|oid| schema_of_relation(&regclass, *oid).is_some()),
                 }
+                .map(|oid| oid as u32)
             }))
         }),
         function("regtype", &[1], DataType::Utf8, |args| {
             utf8(int(&args[0]).map(|oid| format_type(oid, None).unwrap_or_else(|| oid.to_string())))
         }),
         // `to_regtype('integer')`: the type's oid by either of its names, NULL if none.
-        function("to_regtype", &[1], DataType::Int64, |args| {
-            ScalarValue::Int64(text(&args[0]).and_then(|name| {
+        function("to_regtype", &[1], DataType::UInt32, |args| {
+            ScalarValue::UInt32(text(&args[0]).and_then(|name| {
                 let name = name.trim().to_ascii_lowercase();
                 TYPES
                     .iter()
                     .find(|t| t.name == name || t.sql == name)
-                    .map(|t| t.oid)
+                    .map(|t| t.oid as u32)
             }))
         }),
         function("regnamespace", &[1], DataType::Utf8, |args| {

@@ -172,7 +172,7 @@ fn encode_value(
         DataType::Int32 => typed!(enc, array, row, Int32Array, |v: i32| v),
         DataType::UInt16 => typed!(enc, array, row, UInt16Array, |v: u16| i32::from(v)),
         DataType::Int64 => typed!(enc, array, row, Int64Array, |v: i64| v),
-        DataType::UInt32 => typed!(enc, array, row, UInt32Array, |v: u32| i64::from(v)),
+        DataType::UInt32 => typed!(enc, array, row, UInt32Array, |v: u32| v),
         // Counters and ids: beyond i64::MAX they would saturate, which no counter reaches.
         DataType::UInt64 => typed!(enc, array, row, UInt64Array, |v: u64| i64::try_from(v).unwrap_or(i64::MAX)),
         DataType::Float16 => typed!(enc, array, row, Float16Array, |v: <datafusion::arrow::array::types::Float16Type as datafusion::arrow::datatypes::ArrowPrimitiveType>::Native| v.to_f32()),
