@@ -538,11 +538,11 @@ fn columns(table: &str) -> Option<Vec<Col>> {
             col("rolcreaterole", Bool, B(true)),
             col("rolcreatedb", Bool, B(true)),
             col("rolcanlogin", Bool, B(true)),
-            col("rolreplication", Bool, B(false)),
+            col("rolreplication", Bool, B(true)),
             col("rolconnlimit", Int4, I(-1)),
             col("rolpassword", Text, S("********")),
             col("rolvaliduntil", Text, N),
-            col("rolbypassrls", Bool, B(false)),
+            col("rolbypassrls", Bool, B(true)),
             col("rolconfig", TextList, N),
         ],
         "pg_user" => vec![
@@ -588,6 +588,13 @@ fn columns(table: &str) -> Option<Vec<Col>> {
             col("prrelid", Oid, N),
             col("prqual", Text, N),
             col("prattrs", Int2List, N),
+        ],
+        "pg_auth_members" => vec![
+            col("oid", Oid, N),
+            col("roleid", Oid, N),
+            col("member", Oid, N),
+            col("grantor", Oid, N),
+            col("admin_option", Bool, N),
         ],
         "pg_inherits" => vec![
             col("inhrelid", Oid, N),
@@ -771,6 +778,7 @@ const TABLES: &[&str] = &[
     "pg_am",
     "pg_attrdef",
     "pg_attribute",
+    "pg_auth_members",
     "pg_authid",
     "pg_class",
     "pg_collation",
@@ -804,6 +812,7 @@ const TABLES: &[&str] = &[
 /// rows, whatever else it says.
 const ALWAYS_EMPTY: &[&str] = &[
     "pg_attrdef",
+    "pg_auth_members",
     "pg_collation",
     "pg_constraint",
     "pg_description",
@@ -1082,6 +1091,10 @@ async fn rows(
                 ("oid", I(DATABASE_OWNER_OID)),
                 ("rolname", S("pg_database_owner")),
                 ("rolsuper", B(false)),
+                ("rolcreaterole", B(false)),
+                ("rolcreatedb", B(false)),
+                ("rolreplication", B(false)),
+                ("rolbypassrls", B(false)),
                 ("rolcanlogin", B(false)),
             ],
         ],
@@ -1368,6 +1381,12 @@ impl ScalarUDFImpl for PgFunction {
         if scalar {
             return Ok(ColumnarValue::Scalar(cast((self.eval)(&row(0)?))?));
         }
+        if args.number_rows == 0 {
+            // No rows (psql's `\di` over no indexes): nothing to evaluate.
+            return Ok(ColumnarValue::Array(
+                datafusion::arrow::array::new_empty_array(&self.returns),
+            ));
+        }
         let values = (0..args.number_rows)
             .map(|i| cast((self.eval)(&row(i)?)))
             .collect::<Result<Vec<_>>>()?;
@@ -1497,6 +1516,20 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
         function("col_description", &[2], DataType::Utf8, none),
         function("obj_description", &[1, 2], DataType::Utf8, none),
         function("shobj_description", &[2], DataType::Utf8, none),
+        // Sizes sluice does not know (DataFusion keeps no per-table size): NULL, which psql's
+        // `\dt+` prints as empty.
+        function("pg_table_size", &[1], DataType::Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_relation_size", &[1, 2], DataType::Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_total_relation_size", &[1], DataType::Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_size_pretty", &[1], DataType::Utf8, |args| {
+            utf8(int(&args[0]).map(size_pretty))
+        }),
         function(
             "pg_relation_is_publishable",
             &[1],
@@ -1578,6 +1611,23 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
             utf8(int(&args[0]).map(|oid| oid.to_string()))
         }),
     ]
+}
+
+/// `pg_size_pretty`: Postgres's rounding (bytes below 10 kB, then kB, MB, … each below
+/// 10240 of its unit, rounded half up).
+fn size_pretty(bytes: i64) -> String {
+    let mut size = bytes;
+    if size.abs() < 10 * 1024 {
+        return format!("{size} bytes");
+    }
+    for unit in ["kB", "MB", "GB", "TB"] {
+        let rounded = (size + if size < 0 { -512 } else { 512 }) / 1024;
+        if rounded.abs() < 10 * 1024 || unit == "TB" {
+            return format!("{rounded} {unit}");
+        }
+        size /= 1024;
+    }
+    unreachable!("TB ends the loop")
 }
 
 fn relation_name(catalogs: &Weak<dyn CatalogProviderList>, oid: i64) -> Option<String> {
@@ -1947,7 +1997,35 @@ pub(crate) fn postgres_catalog(statement: &mut datafusion::sql::sqlparser::ast::
                                 // always NULL in sluice's catalog.
                                 *expr = E::value(datafusion::sql::sqlparser::ast::Value::Null);
                             } else if let Some(aggregated) = aggregated(query, "array_agg") {
-                                *expr = E::Subquery(Box::new(aggregated));
+                                // ARRAY() of no rows is `{}`; array_agg of none is NULL.
+                                let call = |name: &str, args: Vec<E>| {
+                                    E::Function(datafusion::sql::sqlparser::ast::Function {
+                                        name: ObjectName::from(vec![Ident::new(name)]),
+                                        uses_odbc_syntax: false,
+                                        parameters: FunctionArguments::None,
+                                        args: FunctionArguments::List(FunctionArgumentList {
+                                            duplicate_treatment: None,
+                                            args: args
+                                                .into_iter()
+                                                .map(|a| {
+                                                    FunctionArg::Unnamed(FunctionArgExpr::Expr(a))
+                                                })
+                                                .collect(),
+                                            clauses: vec![],
+                                        }),
+                                        filter: None,
+                                        null_treatment: None,
+                                        over: None,
+                                        within_group: vec![],
+                                    })
+                                };
+                                *expr = call(
+                                    "coalesce",
+                                    vec![
+                                        E::Subquery(Box::new(aggregated)),
+                                        call("make_array", vec![]),
+                                    ],
+                                );
                             }
                         }
                     }
@@ -2003,4 +2081,33 @@ pub(crate) fn postgres_catalog(statement: &mut datafusion::sql::sqlparser::ast::
         }
     }
     let _ = statement.visit(&mut Rewrite);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_as_postgres_prints_them() {
+        // pg_size_pretty's answers in PostgreSQL 15.
+        for (bytes, pretty) in [
+            (0, "0 bytes"),
+            (10_239, "10239 bytes"),
+            (10_240, "10 kB"),
+            (1_000_000, "977 kB"),
+            (10_485_760, "10 MB"),
+        ] {
+            assert_eq!(size_pretty(bytes), pretty);
+        }
+    }
+
+    #[test]
+    fn type_names_are_postgres_sql_names() {
+        assert_eq!(format_type(23, None).as_deref(), Some("integer"));
+        assert_eq!(
+            format_type(1700, Some(type_modifier(&DataType::Decimal128(10, 2)))).as_deref(),
+            Some("numeric(10,2)")
+        );
+        assert_eq!(type_oid(&DataType::UInt32), 26);
+    }
 }
