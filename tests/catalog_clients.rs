@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{free_port, psql_at, run_python, start};
+use common::{free_port, psql_at, required_env, run_script, start};
 use sluice_testpg::{Auth, Postgres};
 
 /// The tables both sides get (sluice has no indexes, constraints or defaults, so none here).
@@ -130,15 +130,10 @@ fn normalized_row(line: &str) -> String {
 
 #[test]
 fn psycopg_reads_sluice_catalog_as_it_reads_postgres() {
-    let Some(python) = std::env::var_os("SLUICE_DRIVERS_PYTHON") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SLUICE_DRIVERS_PYTHON is not set (.ci/run makes the venv)"
-        );
-        eprintln!("skipped: set SLUICE_DRIVERS_PYTHON to a python with psycopg");
+    let Some(python) = required_env("SLUICE_DRIVERS_PYTHON", "a python with psycopg") else {
         return;
     };
-    let run = |dsn: &str| run_python(&python, "drivers/catalog.py", dsn);
+    let run = |dsn: &str| run_script(&python, "drivers/catalog.py", dsn, &[]);
     let dir = tempfile::tempdir().expect("tempdir");
     let (pg, port, _server) = both(dir.path());
     let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
@@ -152,29 +147,17 @@ fn psycopg_reads_sluice_catalog_as_it_reads_postgres() {
 
 #[test]
 fn node_postgres_reads_sluice_catalog_as_it_reads_postgres() {
-    let Some(modules) = std::env::var_os("SLUICE_NODE_MODULES") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SLUICE_NODE_MODULES is not set (.ci/run installs node-postgres)"
-        );
-        eprintln!("skipped: set SLUICE_NODE_MODULES to a node_modules with pg");
+    let Some(modules) = required_env("SLUICE_NODE_MODULES", "a node_modules with pg") else {
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers/node_catalog.js");
+    let node = std::ffi::OsString::from("node");
     let run = |dsn: &str| {
-        let out = std::process::Command::new("node")
-            .arg(&script)
-            .arg(dsn)
-            .env("NODE_PATH", &modules)
-            .output()
-            .expect("node runs (install nodejs)");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{dsn}: node-postgres failed:\n{text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        run_script(
+            &node,
+            "drivers/node_catalog.js",
+            dsn,
+            &[("NODE_PATH", &modules)],
+        )
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let (pg, port, _server) = both(dir.path());

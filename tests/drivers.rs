@@ -7,34 +7,32 @@
 
 mod common;
 
-use common::{free_port, run_python, start};
+use common::{free_port, required_env, run_script, start};
 use sluice_testpg::{Auth, Postgres};
 
 #[test]
 fn psycopg_and_asyncpg_see_sluice_as_they_see_postgres() {
-    let Some(python) = std::env::var_os("SLUICE_DRIVERS_PYTHON") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SLUICE_DRIVERS_PYTHON is not set (.ci/run makes the venv)"
-        );
-        eprintln!("skipped: set SLUICE_DRIVERS_PYTHON to a python with psycopg and asyncpg");
+    let Some(python) = required_env("SLUICE_DRIVERS_PYTHON", "a python with psycopg and asyncpg")
+    else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let pg_dir = dir.path().join("postgres");
     std::fs::create_dir(&pg_dir).expect("dir");
     let postgres = Postgres::start(&pg_dir, "drivers", Auth::Trust);
-    let expected = run_python(
+    let expected = run_script(
         &python,
         "drivers/drivers.py",
         &format!("postgresql://drivers@127.0.0.1:{}/postgres", postgres.port),
+        &[],
     );
     let port = free_port();
     let _sluice = start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
-    let got = run_python(
+    let got = run_script(
         &python,
         "drivers/drivers.py",
         &format!("postgresql://drivers@127.0.0.1:{port}/any"),
+        &[],
     );
     assert!(expected.lines().count() > 20, "{expected}");
     if got != expected {

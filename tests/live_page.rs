@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, start};
+use common::{free_port, required_env, start};
 
 fn psql(port: u16, sql: &str) -> Child {
     Command::new("psql")
@@ -41,12 +41,8 @@ fn get(port: u16, path: &str) -> (String, String) {
 
 #[test]
 fn the_live_page_shows_the_tree_and_the_queue_and_follows_them() {
-    let Some(modules) = std::env::var_os("SLUICE_NODE_MODULES") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "SLUICE_NODE_MODULES is not set (.ci/run installs playwright-core)"
-        );
-        eprintln!("skipped: set SLUICE_NODE_MODULES to a node_modules with playwright-core");
+    let Some(modules) = required_env("SLUICE_NODE_MODULES", "a node_modules with playwright-core")
+    else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

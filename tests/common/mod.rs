@@ -82,15 +82,35 @@ pub fn psql_at(
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Runs the Python script `tests/<script>` with `dsn`; returns what it printed (panics when it
-/// fails).
-pub fn run_python(python: &std::ffi::OsStr, script: &str, dsn: &str) -> String {
+/// The value of `var`, which `.ci/run` sets (`what` says to what): `None` outside CI, where
+/// the calling test says it skips; under CI its absence fails the test.
+pub fn required_env(var: &str, what: &str) -> Option<std::ffi::OsString> {
+    let value = std::env::var_os(var);
+    if value.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{var} is not set (.ci/run sets it)"
+        );
+        eprintln!("skipped: set {var} to {what}");
+    }
+    value
+}
+
+/// Runs `program tests/<script> dsn` (a Python or Node.js driver script) with `envs`; returns
+/// what it printed (panics when it fails).
+pub fn run_script(
+    program: &std::ffi::OsStr,
+    script: &str,
+    dsn: &str,
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> String {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(script);
-    let out = Command::new(python)
+    let out = Command::new(program)
         .arg(&script)
         .arg(dsn)
+        .envs(envs.iter().copied())
         .output()
         .expect("runs the script");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
