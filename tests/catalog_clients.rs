@@ -1,7 +1,8 @@
 //! A DBA's own tools against `sluice serve` on the embedded engine (the binary, as a process):
 //! psql's catalog commands print what they print against the machine's PostgreSQL for the
 //! same tables (names normalized: the owner, the database), and psycopg and node-postgres
-//! connect, describe results and read the catalog as they do against PostgreSQL.
+//! connect, describe results and read the catalog as they do against PostgreSQL, and so does
+//! the PostgreSQL JDBC driver (pgjdbc), which GUI tools over JDBC use.
 
 mod common;
 
@@ -168,4 +169,29 @@ fn node_postgres_reads_sluice_catalog_as_it_reads_postgres() {
         sluice, direct,
         "node-postgres: sluice (left) vs PostgreSQL (right)"
     );
+}
+
+#[test]
+fn jdbc_reads_sluice_catalog_as_it_reads_postgres() {
+    let Some(jar) = required_env("SLUICE_JDBC_JAR", "the PostgreSQL JDBC driver's jar") else {
+        return;
+    };
+    let java = std::ffi::OsString::from("java");
+    let run = |url: &str| {
+        run_script(
+            &java,
+            "drivers/JdbcCatalog.java",
+            url,
+            &[("CLASSPATH", &jar)],
+        )
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pg, port, _server) = both(dir.path());
+    let direct = run(&format!(
+        "jdbc:postgresql://127.0.0.1:{}/postgres?user=dba",
+        pg.port
+    ));
+    let sluice = run(&format!("jdbc:postgresql://127.0.0.1:{port}/any?user=dba"));
+    assert!(direct.lines().count() >= 10, "{direct}");
+    assert_eq!(sluice, direct, "JDBC: sluice (left) vs PostgreSQL (right)");
 }

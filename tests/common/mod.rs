@@ -96,7 +96,7 @@ pub fn required_env(var: &str, what: &str) -> Option<std::ffi::OsString> {
     value
 }
 
-/// Runs `program tests/<script> dsn` (a Python or Node.js driver script) with `envs`; returns
+/// Runs `program tests/<script> dsn` (a Python, Node.js or single-file Java driver script) with `envs`; returns
 /// what it printed (panics when it fails).
 pub fn run_script(
     program: &std::ffi::OsStr,

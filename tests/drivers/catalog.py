@@ -29,6 +29,11 @@ with psycopg.connect(sys.argv[1], autocommit=True) as conn:
         print("information_schema:", cur.fetchall())
         cur.execute("SELECT current_schema(), 't'::regclass::oid = (SELECT oid FROM pg_class WHERE relname = 't')")
         print("schema, regclass:", cur.fetchone())
+        # A list parameter (psycopg sends it typed, as int2[] or text[]).
+        cur.execute("SELECT id, name FROM t WHERE id = ANY(%s) ORDER BY id", ([1, 2],))
+        print("any int:", cur.fetchall())
+        cur.execute("SELECT id FROM t WHERE name = ANY(%s)", (["one", "two"],))
+        print("any text:", cur.fetchall())
     # psycopg's own catalog query (pg_type by name), as an adapter registration makes it.
     for name in ("text", "int4", "numeric", "timestamp", "bool"):
         info = TypeInfo.fetch(conn, name)

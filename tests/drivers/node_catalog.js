@@ -18,5 +18,10 @@ const { Client } = require("pg");
   console.log("columns:", JSON.stringify(cols.rows));
   const types = await c.query("SELECT oid, typname FROM pg_type WHERE typname IN ($1, $2, $3) ORDER BY oid", ["int4", "text", "numeric"]);
   console.log("types:", JSON.stringify(types.rows));
+  // An array parameter: node-postgres sends it as text ('{1,2}'), its type left to the server.
+  const any = await c.query("SELECT id, name FROM t WHERE id = ANY($1) ORDER BY id", [[1, 2]]);
+  console.log("any int:", JSON.stringify(any.rows));
+  const anyText = await c.query("SELECT id FROM t WHERE name <> ALL($1)", [["two", "three"]]);
+  console.log("all text:", JSON.stringify(anyText.rows));
   await c.end();
 })().catch((e) => { console.error("FAILED: " + e.message); process.exit(1); });

@@ -1,5 +1,6 @@
 //! What Postgres clients expect where DataFusion differs: `generate_series` as a set-returning
-//! function, result columns named as Postgres names them, command tags.
+//! function, result columns named as Postgres names them, the array parameter of `= ANY($1)`
+//! typed, command tags.
 
 use std::sync::Arc;
 
@@ -23,6 +24,115 @@ pub(crate) fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::S
         }
     }
     let _ = statement.visit(&mut Series);
+}
+
+/// Types the placeholder of `x = ANY($n)` (and `x <> ALL($n)`; DataFusion plans both with
+/// `array_has($n, x)`) as an array of `x`'s type, as Postgres infers `$n` to be `x`'s array
+/// type. DataFusion leaves it untyped, so a client sending the array as text (node-postgres
+/// does) bound a string where a list belongs and the statement failed to plan; typed, the
+/// client is told the array type and its value is decoded as one.
+pub(crate) fn array_placeholders(
+    plan: datafusion::logical_expr::LogicalPlan,
+) -> datafusion::error::Result<datafusion::logical_expr::LogicalPlan> {
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::expr::{Placeholder, ScalarFunction};
+    use datafusion::logical_expr::{Expr, ExprSchemable};
+    // First each such placeholder's type, then every use of it typed (`x <> ALL($1)` uses
+    // `$1` in four functions; all must agree).
+    let mut lists = std::collections::HashMap::new();
+    plan.apply_with_subqueries(|node| {
+        // `x` is a column of the node's inputs (or, for a join's condition, of its output).
+        let schemas: Vec<_> = node
+            .inputs()
+            .iter()
+            .map(|input| input.schema().clone())
+            .chain(std::iter::once(node.schema().clone()))
+            .collect();
+        node.apply_expressions(|expr| {
+            expr.apply(|e| {
+                if let Expr::ScalarFunction(ScalarFunction { func, args }) = e {
+                    if let [Expr::Placeholder(Placeholder { id, field: None }), needle] =
+                        args.as_slice()
+                    {
+                        let element = schemas.iter().find_map(|s| needle.get_type(s).ok());
+                        if let Some(element) = element.filter(|t| *t != DataType::Null) {
+                            if func.name() == "array_has" {
+                                let list =
+                                    DataType::List(Arc::new(Field::new_list_field(element, true)));
+                                lists.insert(id.clone(), Arc::new(Field::new("", list, true)));
+                            }
+                        }
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    if lists.is_empty() {
+        return Ok(plan);
+    }
+    plan.transform_up_with_subqueries(|node| {
+        node.map_expressions(|expr| {
+            expr.transform_up(|e| match &e {
+                Expr::Placeholder(Placeholder { id, field: None }) if lists.contains_key(id) => {
+                    let field = lists.get(id).cloned();
+                    Ok(Transformed::yes(Expr::Placeholder(
+                        Placeholder::new_with_field(id.clone(), field),
+                    )))
+                }
+                _ => Ok(Transformed::no(e)),
+            })
+        })
+    })
+    .map(|t| t.data)
+}
+
+/// The elements of a one-dimensional array in Postgres's text form (`{1,2}`,
+/// `{"a b","c\"d",NULL}`), as a client sends an array parameter it leaves untyped; `None`
+/// when `text` is not such an array (or has more dimensions).
+pub(crate) fn postgres_array_elements(text: &str) -> Option<Vec<Option<String>>> {
+    let inner = text.trim().strip_prefix('{')?.strip_suffix('}')?;
+    let mut elements = Vec::new();
+    if inner.trim().is_empty() {
+        return Some(elements);
+    }
+    let mut chars = inner.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let element = if chars.next_if_eq(&'"').is_some() {
+            let mut quoted = String::new();
+            loop {
+                match chars.next()? {
+                    '"' => break,
+                    '\\' => quoted.push(chars.next()?),
+                    c => quoted.push(c),
+                }
+            }
+            Some(quoted)
+        } else {
+            let mut bare = String::new();
+            while let Some(c) = chars.next_if(|c| *c != ',') {
+                match c {
+                    '{' | '}' | '"' => return None,
+                    '\\' => bare.push(chars.next()?),
+                    c => bare.push(c),
+                }
+            }
+            let bare = bare.trim_end().to_string();
+            if bare.is_empty() {
+                return None;
+            }
+            (!bare.eq_ignore_ascii_case("null")).then_some(bare)
+        };
+        elements.push(element);
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        match chars.next() {
+            None => return Some(elements),
+            Some(',') => {}
+            Some(_) => return None,
+        }
+    }
 }
 
 /// [`postgres_series`] for one query's own select lists and `FROM` clauses (its subqueries
@@ -216,5 +326,50 @@ pub(crate) fn command_tag(sql: &str) -> String {
         [a, b, ..] if b == "EXTERNAL" || b == "UNBOUNDED" => format!("{a} TABLE"),
         [a, b, ..] => format!("{a} {b}"),
         _ => words.join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::postgres_array_elements as elements;
+
+    fn some(items: &[Option<&str>]) -> Option<Vec<Option<String>>> {
+        Some(items.iter().map(|i| i.map(str::to_string)).collect())
+    }
+
+    #[test]
+    fn array_parameters_read_as_postgres_writes_them() {
+        assert_eq!(
+            elements("{1,2,3}"),
+            some(&[Some("1"), Some("2"), Some("3")])
+        );
+        assert_eq!(elements("{}"), some(&[]));
+        assert_eq!(elements(" { } "), some(&[]));
+        assert_eq!(elements(r#"{"1","2"}"#), some(&[Some("1"), Some("2")]));
+        assert_eq!(
+            elements(r#"{ a b , "c,d", "e\"f", NULL, "NULL", null, g\,h}"#),
+            some(&[
+                Some("a b"),
+                Some("c,d"),
+                Some("e\"f"),
+                None,
+                Some("NULL"),
+                None,
+                Some("g,h")
+            ])
+        );
+        assert_eq!(elements(r#"{"",x}"#), some(&[Some(""), Some("x")]));
+        assert_eq!(elements(r#"{a\"b}"#), some(&[Some("a\"b")]));
+        for bad in [
+            "1,2",
+            "{1,2",
+            "{{1,2},{3,4}}",
+            r#"{"a}"#,
+            r#"{"a"b}"#,
+            "{1,,2}",
+            "{1,}",
+        ] {
+            assert_eq!(elements(bad), None, "{bad}");
+        }
     }
 }

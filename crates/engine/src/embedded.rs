@@ -28,7 +28,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::cache::{cacheable, reusable, tiny, Planning};
-use crate::compat::{column_names, command_tag, count, postgres_names, postgres_series};
+use crate::compat::{
+    array_placeholders, column_names, command_tag, count, postgres_array_elements, postgres_names,
+    postgres_series,
+};
 use crate::error::{engine_failure, from_datafusion};
 use crate::{BatchStream, Engine, ExecuteOptions, QueryOutput, Session};
 
@@ -461,20 +464,44 @@ fn bind(plan: LogicalPlan, params: Vec<ScalarValue>) -> Result<LogicalPlan> {
         .into_iter()
         .enumerate()
         .map(|(i, value)| match types.get(i).cloned().flatten() {
-            Some(target) if target != value.data_type() => value.cast_to(&target).map_err(|e| {
-                Error::new(
-                    ErrorCode::CannotConvertType,
-                    format!(
-                        "parameter ${} ({value}) cannot be taken as {target}: {e}",
-                        i + 1
-                    ),
-                )
-                .with_sqlstate("22P02")
-            }),
+            // An array sent as text, untyped (node-postgres): its elements, then the cast.
+            Some(target @ DataType::List(_)) if matches!(value, ScalarValue::Utf8(Some(_))) => {
+                let ScalarValue::Utf8(Some(text)) = &value else {
+                    unreachable!("matched above")
+                };
+                let elements = postgres_array_elements(text).ok_or_else(|| {
+                    cannot_convert(i, &value, &target, "write an array as {a,b,…}")
+                })?;
+                let elements: Vec<ScalarValue> =
+                    elements.into_iter().map(ScalarValue::Utf8).collect();
+                ScalarValue::List(ScalarValue::new_list_nullable(&elements, &DataType::Utf8))
+                    .cast_to(&target)
+                    .map_err(|e| cannot_convert(i, &value, &target, e))
+            }
+            Some(target) if target != value.data_type() => value
+                .cast_to(&target)
+                .map_err(|e| cannot_convert(i, &value, &target, e)),
             _ => Ok(value),
         })
         .collect::<Result<Vec<_>>>()?;
     plan.with_param_values(params).map_err(df)
+}
+
+/// Parameter `$i+1` could not be taken as the type its placeholder has.
+fn cannot_convert(
+    i: usize,
+    value: &ScalarValue,
+    target: &DataType,
+    why: impl std::fmt::Display,
+) -> Error {
+    Error::new(
+        ErrorCode::CannotConvertType,
+        format!(
+            "parameter ${} ({value}) cannot be taken as {target}: {why}",
+            i + 1
+        ),
+    )
+    .with_sqlstate("22P02")
 }
 
 impl SessionInner {
@@ -745,5 +772,6 @@ async fn plan(
         crate::pg_catalog::postgres_catalog(inner);
     }
     let plan = state.statement_to_plan(statement).await.map_err(df)?;
+    let plan = array_placeholders(plan).map_err(df)?;
     Ok((plan, names))
 }

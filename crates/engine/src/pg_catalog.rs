@@ -299,16 +299,47 @@ async fn relations(
     Ok((schemas, out))
 }
 
-/// The schema of the table with `oid`, by name only (no table is opened).
-fn schema_of_relation(catalogs: &Weak<dyn CatalogProviderList>, oid: i64) -> Option<String> {
-    let catalog = catalogs.upgrade()?.catalog(CATALOG)?;
-    catalog.schema_names().into_iter().find(|schema| {
-        catalog.schema(schema).is_some_and(|p| {
-            p.table_names()
-                .iter()
-                .any(|t| relation_oid(schema, t) == oid)
-        })
-    })
+/// The default catalog's tables by oid (schema, table), by name only (no table is opened):
+/// built at most once per function call, when a function of that call first looks an oid up,
+/// so that a call over many rows probes a map instead of hashing every table's name per row.
+struct Directory<'a> {
+    catalogs: &'a Weak<dyn CatalogProviderList>,
+    by_oid: std::cell::OnceCell<std::collections::HashMap<i64, (String, String)>>,
+}
+
+impl<'a> Directory<'a> {
+    fn new(catalogs: &'a Weak<dyn CatalogProviderList>) -> Self {
+        Directory {
+            catalogs,
+            by_oid: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The schema and name of the table with `oid`.
+    fn relation(&self, oid: i64) -> Option<(&str, &str)> {
+        self.by_oid
+            .get_or_init(|| {
+                let mut map = std::collections::HashMap::new();
+                if let Some(catalog) = self.catalogs.upgrade().and_then(|c| c.catalog(CATALOG)) {
+                    for schema in catalog.schema_names() {
+                        let Some(provider) = catalog.schema(&schema) else {
+                            continue;
+                        };
+                        for table in provider.table_names() {
+                            map.insert(relation_oid(&schema, &table), (schema.clone(), table));
+                        }
+                    }
+                }
+                map
+            })
+            .get(&oid)
+            .map(|(schema, table)| (schema.as_str(), table.as_str()))
+    }
+
+    /// The schema of the table with `oid`.
+    fn schema_of(&self, oid: i64) -> Option<&str> {
+        self.relation(oid).map(|(schema, _)| schema)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1318,7 +1349,7 @@ impl TableProvider for CatalogTable {
 // ---------------------------------------------------------------------------------------------
 // Functions
 
-type Eval = dyn Fn(&[ScalarValue]) -> ScalarValue + Send + Sync;
+type Eval = dyn Fn(&[ScalarValue], &Directory<'_>) -> ScalarValue + Send + Sync;
 
 /// A function catalog queries call, evaluated row by row (catalogs are small).
 struct PgFunction {
@@ -1326,6 +1357,8 @@ struct PgFunction {
     signature: Signature,
     returns: DataType,
     eval: Arc<Eval>,
+    /// What [`Directory`] reads for the functions that look tables up by oid.
+    catalogs: Weak<dyn CatalogProviderList>,
 }
 
 impl std::fmt::Debug for PgFunction {
@@ -1378,8 +1411,12 @@ impl ScalarUDFImpl for PgFunction {
                 v.cast_to(&self.returns)
             }
         };
+        let directory = Directory::new(&self.catalogs);
         if scalar {
-            return Ok(ColumnarValue::Scalar(cast((self.eval)(&row(0)?))?));
+            return Ok(ColumnarValue::Scalar(cast((self.eval)(
+                &row(0)?,
+                &directory,
+            ))?));
         }
         if args.number_rows == 0 {
             // No rows (psql's `\di` over no indexes): nothing to evaluate.
@@ -1388,17 +1425,29 @@ impl ScalarUDFImpl for PgFunction {
             ));
         }
         let values = (0..args.number_rows)
-            .map(|i| cast((self.eval)(&row(i)?)))
+            .map(|i| cast((self.eval)(&row(i)?, &directory)))
             .collect::<Result<Vec<_>>>()?;
         Ok(ColumnarValue::Array(ScalarValue::iter_to_array(values)?))
     }
 }
 
+/// A function of its arguments only.
 fn function(
     name: &'static str,
     arities: &[usize],
     returns: DataType,
     eval: impl Fn(&[ScalarValue]) -> ScalarValue + Send + Sync + 'static,
+) -> PgFunction {
+    lookup(name, arities, returns, move |args, _| eval(args))
+}
+
+/// A function that also looks tables up by oid (its [`PgFunction::catalogs`] is set by
+/// [`functions`]).
+fn lookup(
+    name: &'static str,
+    arities: &[usize],
+    returns: DataType,
+    eval: impl Fn(&[ScalarValue], &Directory<'_>) -> ScalarValue + Send + Sync + 'static,
 ) -> PgFunction {
     let signatures = arities
         .iter()
@@ -1412,6 +1461,7 @@ fn function(
         signature: Signature::one_of(signatures, Volatility::Stable),
         returns,
         eval: Arc::new(eval),
+        catalogs: Weak::<datafusion::catalog::MemoryCatalogProviderList>::new(),
     }
 }
 
@@ -1439,10 +1489,7 @@ fn utf8(s: Option<String>) -> ScalarValue {
 fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
     let none = |_: &[ScalarValue]| ScalarValue::Utf8(None);
     let yes = |_: &[ScalarValue]| ScalarValue::Boolean(Some(true));
-    let visible = catalogs.clone();
-    let names = catalogs.clone();
-    let regclass = catalogs.clone();
-    vec![
+    let all = vec![
         function("version", &[0], DataType::Utf8, |_| utf8(Some(version()))),
         function("current_database", &[0], DataType::Utf8, |_| {
             utf8(Some(DATABASE.into()))
@@ -1478,15 +1525,15 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
                 }
             }))
         }),
-        function(
+        lookup(
             "pg_table_is_visible",
             &[1],
             DataType::Boolean,
-            move |args| {
+            |args, tables| {
                 ScalarValue::Boolean(
                     int(&args[0])
-                        .and_then(|oid| schema_of_relation(&visible, oid))
-                        .map(|schema| SEARCH_PATH.contains(&schema.as_str())),
+                        .and_then(|oid| tables.schema_of(oid))
+                        .map(|schema| SEARCH_PATH.contains(&schema)),
                 )
             },
         ),
@@ -1570,14 +1617,15 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
             ScalarValue::Int32(len.filter(|n| *n > 0 && int(&args[1]) == Some(1)))
         }),
         // `oid::regclass`: the table's name (qualified when it is not on the search path).
-        function("regclass", &[1], DataType::Utf8, move |args| {
-            utf8(
-                int(&args[0])
-                    .map(|oid| relation_name(&names, oid).unwrap_or_else(|| oid.to_string())),
-            )
+        lookup("regclass", &[1], DataType::Utf8, |args, tables| {
+            utf8(int(&args[0]).map(|oid| match tables.relation(oid) {
+                Some((schema, table)) if SEARCH_PATH.contains(&schema) => table.to_string(),
+                Some((schema, table)) => format!("{schema}.{table}"),
+                None => oid.to_string(),
+            }))
         }),
         // `'name'::regclass`, `to_regclass('name')`: the table's oid, NULL if there is none.
-        function("to_regclass", &[1], DataType::UInt32, move |args| {
+        lookup("to_regclass", &[1], DataType::UInt32, |args, tables| {
             ScalarValue::UInt32(text(&args[0]).and_then(|name| {
                 let (schema, table) = match name.split_once('.') {
                     Some((s, t)) => (Some(s.to_string()), t.to_string()),
@@ -1585,11 +1633,11 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
                 };
                 let oids = |s: &str| relation_oid(s, &table);
                 match schema {
-                    Some(s) => schema_of_relation(&regclass, oids(&s)).map(|_| oids(&s)),
+                    Some(s) => tables.schema_of(oids(&s)).map(|_| oids(&s)),
                     None => SEARCH_PATH
                         .iter()
                         .map(|s| oids(s))
-                        .find(|oid| schema_of_relation(&regclass, *oid).is_some()),
+                        .find(|oid| tables.schema_of(*oid).is_some()),
                 }
                 .map(|oid| oid as u32)
             }))
@@ -1610,7 +1658,13 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
         function("regnamespace", &[1], DataType::Utf8, |args| {
             utf8(int(&args[0]).map(|oid| oid.to_string()))
         }),
-    ]
+    ];
+    all.into_iter()
+        .map(|f| PgFunction {
+            catalogs: catalogs.clone(),
+            ..f
+        })
+        .collect()
 }
 
 /// `pg_size_pretty`: Postgres's rounding (bytes below 10 kB, then kB, MB, … each below
@@ -1628,21 +1682,6 @@ fn size_pretty(bytes: i64) -> String {
         size /= 1024;
     }
     unreachable!("TB ends the loop")
-}
-
-fn relation_name(catalogs: &Weak<dyn CatalogProviderList>, oid: i64) -> Option<String> {
-    let schema = schema_of_relation(catalogs, oid)?;
-    let catalog = catalogs.upgrade()?.catalog(CATALOG)?;
-    let table = catalog
-        .schema(&schema)?
-        .table_names()
-        .into_iter()
-        .find(|t| relation_oid(&schema, t) == oid)?;
-    Some(if SEARCH_PATH.contains(&schema.as_str()) {
-        table
-    } else {
-        format!("{schema}.{table}")
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1827,11 +1866,26 @@ pub(crate) fn postgres_catalog(statement: &mut datafusion::sql::sqlparser::ast::
                 .all(|t| catalog(&t.relation) && t.joins.iter().all(|j| catalog(&j.relation)))
     }
 
-    /// Whether a relation is one of the tables sluice never has a row for.
+    /// Whether a relation is one of the tables sluice never has a row for, or a subquery
+    /// over one (JDBC's primary keys: a select over a select joining `pg_index`).
     fn always_empty(factor: &TableFactor) -> bool {
-        matches!(factor, TableFactor::Table { name, args: None, .. }
-            if name.0.len() == 2 && ALWAYS_EMPTY.contains(&last(name).as_str())
-                && name.0[0].as_ident().is_some_and(|i| i.value.eq_ignore_ascii_case("pg_catalog")))
+        match factor {
+            TableFactor::Table {
+                name, args: None, ..
+            } => {
+                name.0.len() == 2
+                    && ALWAYS_EMPTY.contains(&last(name).as_str())
+                    && name.0[0]
+                        .as_ident()
+                        .is_some_and(|i| i.value.eq_ignore_ascii_case("pg_catalog"))
+            }
+            TableFactor::Derived {
+                lateral: false,
+                subquery,
+                ..
+            } => has_no_rows(subquery),
+            _ => false,
+        }
     }
     /// Whether a select reads (not outer-joined) a table sluice never has a row for.
     fn select_has_no_rows(select: &datafusion::sql::sqlparser::ast::Select) -> bool {

@@ -217,6 +217,7 @@ pub async fn serve_http(
 ) {
     tokio::pin!(shutdown);
     let streams = Arc::new(tokio::sync::Semaphore::new(crate::page::MAX_STREAMS));
+    let ticks = Arc::new(crate::page::Ticks::default());
     loop {
         let (mut socket, _) = tokio::select! {
             _ = &mut shutdown => return,
@@ -230,6 +231,7 @@ pub async fn serve_http(
         };
         let shared = shared.clone();
         let streams = streams.clone();
+        let ticks = ticks.clone();
         tokio::spawn(async move {
             let mut request = Vec::new();
             let mut buf = [0u8; 1024];
@@ -305,21 +307,19 @@ pub async fn serve_http(
                                 "",
                                 format!("at most {} live pages at once\n", crate::page::MAX_STREAMS),
                             );
-                            let _ = socket.write_all(busy.as_bytes()).await;
+                            let _ = crate::page::write_timed(&mut socket, busy.as_bytes()).await;
                             return;
                         };
                         let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: keep-alive\r\n\r\nretry: 1000\n\n";
-                        if socket.write_all(head.as_bytes()).await.is_err() {
+                        if crate::page::write_timed(&mut socket, head.as_bytes()).await.is_err() {
                             return;
                         }
-                        let mut tick = tokio::time::interval(Duration::from_secs(1));
-                        loop {
-                            tick.tick().await;
-                            let event = format!("data: {}\n\n", crate::page::state_json(&shared));
-                            if socket.write_all(event.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
+                        let ended = crate::page::stream_events(&mut socket, || {
+                            ticks.state(|| crate::page::state_json(&shared))
+                        })
+                        .await;
+                        tracing::debug!("http: a live page's event stream ended: {ended}");
+                        return;
                     }
                     _ => respond(
                         "404 Not Found",
@@ -329,7 +329,7 @@ pub async fn serve_http(
                     ),
                 }
             };
-            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = crate::page::write_timed(&mut socket, response.as_bytes()).await;
             let _ = socket.shutdown().await;
         });
     }

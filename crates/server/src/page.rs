@@ -9,9 +9,18 @@
 //!   `system.scheduler`, `system.processes`), built by [`crate::system::tables`]: the page
 //!   shows what SQL shows, never a second account of it.
 //! - Read-only: nothing here changes the server.
-//! - At most [`MAX_STREAMS`] event streams at once; each ends when its browser goes away.
+//! - At most [`MAX_STREAMS`] event streams at once; each ends when its browser goes away or
+//!   stops reading (a write that cannot finish in [`WRITE_TIMEOUT`]), so stalled readers cannot
+//!   keep the places from live pages.
+//! - The figures are built once per tick for all open streams ([`Ticks`]), however many there
+//!   are.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 use sluice_engine::datafusion::arrow::array::{Array, AsArray};
 use sluice_engine::datafusion::arrow::datatypes::DataType;
@@ -25,6 +34,12 @@ pub const INDEX_HTML: &str = include_str!("page/index.html");
 
 /// Event streams served at once; more get 503.
 pub const MAX_STREAMS: usize = 64;
+
+/// How long one write to a page's connection may take before the connection is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often an event stream sends the figures.
+pub const TICK: Duration = Duration::from_secs(1);
 
 /// The tables the page shows.
 const TABLES: [&str; 4] = ["resources", "workloads", "scheduler", "processes"];
@@ -49,6 +64,56 @@ pub fn state_json(shared: &Shared) -> String {
     }
     out.push('}');
     out
+}
+
+/// The figures the event streams send, shared between them: a stream asking within half a
+/// tick of the last build gets that build, so N open pages cost one build a tick, not N.
+#[derive(Debug, Default)]
+pub struct Ticks {
+    last: Mutex<Option<(Instant, Arc<str>)>>,
+}
+
+impl Ticks {
+    /// The latest figures, built by `build` when there are none from the last half tick.
+    pub fn state(&self, build: impl FnOnce() -> String) -> Arc<str> {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, state)) = last.as_ref() {
+            if at.elapsed() < TICK / 2 {
+                return state.clone();
+            }
+        }
+        let state: Arc<str> = build().into();
+        *last = Some((Instant::now(), state.clone()));
+        state
+    }
+}
+
+/// `bytes` written to `out` within [`WRITE_TIMEOUT`]; an error when the write fails or the
+/// reader does not take them in time.
+pub async fn write_timed<W: AsyncWrite + Unpin>(out: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    match tokio::time::timeout(WRITE_TIMEOUT, out.write_all(bytes)).await {
+        Ok(written) => written,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the page's reader took no bytes in time",
+        )),
+    }
+}
+
+/// Sends `next()` as a server-sent event every [`TICK`] until a write fails or times out
+/// (the reader went away or stopped reading); returns why.
+pub async fn stream_events<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    mut next: impl FnMut() -> Arc<str>,
+) -> std::io::Error {
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tick.tick().await;
+        let event = format!("data: {}\n\n", next());
+        if let Err(e) = write_timed(out, event.as_bytes()).await {
+            return e;
+        }
+    }
 }
 
 /// A batch as a JSON array of objects, one per row: numbers and booleans as themselves, NULL
@@ -121,6 +186,38 @@ fn string(s: &str, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_stops_reading_loses_its_stream() {
+        // The far end takes nothing: once the pipe's 1 KiB is full, a write cannot finish.
+        let (mut near, _far) = tokio::io::duplex(1024);
+        let ended = tokio::time::timeout(
+            Duration::from_secs(3600),
+            stream_events(&mut near, || Arc::from("x".repeat(300))),
+        )
+        .await
+        .expect("the stream ends, releasing its place");
+        assert_eq!(ended.kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_pages_share_one_build_a_tick() {
+        let ticks = Ticks::default();
+        let mut builds = 0;
+        for _ in 0..64 {
+            ticks.state(|| {
+                builds += 1;
+                "{}".into()
+            });
+        }
+        assert_eq!(builds, 1);
+        tokio::time::advance(TICK).await;
+        let state = ticks.state(|| {
+            builds += 1;
+            "{\"at\":1}".into()
+        });
+        assert_eq!((builds, &*state), (2, "{\"at\":1}"));
+    }
 
     #[test]
     fn json_strings_escape_what_json_and_html_need() {

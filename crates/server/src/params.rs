@@ -77,6 +77,40 @@ fn value<S: Clone>(portal: &Portal<S>, i: usize, ty: &Type) -> PgWireResult<Scal
             Some("+00:00".into()),
         ),
         Type::BYTEA => ScalarValue::Binary(portal.parameter::<Vec<u8>>(i, ty)?),
+        // Arrays (`= ANY($1)`), in Postgres's text form `{1,2,NULL}` or binary.
+        Type::BOOL_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Boolean,
+            DataType::Boolean,
+        ),
+        Type::INT2_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Int16,
+            DataType::Int16,
+        ),
+        Type::INT4_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Int32,
+            DataType::Int32,
+        ),
+        Type::INT8_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Int64,
+            DataType::Int64,
+        ),
+        Type::FLOAT4_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Float32,
+            DataType::Float32,
+        ),
+        Type::FLOAT8_ARRAY => list(
+            portal.parameter(i, ty)?,
+            ScalarValue::Float64,
+            DataType::Float64,
+        ),
+        Type::TEXT_ARRAY | Type::VARCHAR_ARRAY => {
+            list(portal.parameter(i, ty)?, ScalarValue::Utf8, DataType::Utf8)
+        }
         // text, varchar, unknown, and anything else: the bytes as text, as Postgres would
         // read an untyped literal.
         _ => ScalarValue::Utf8(match portal.parameters.get(i) {
@@ -88,6 +122,24 @@ fn value<S: Clone>(portal: &Portal<S>, i: usize, ty: &Type) -> PgWireResult<Scal
             None => return Err(PgWireError::ParameterIndexOutOfBound(i)),
         }),
     })
+}
+
+/// An array parameter as a list scalar of `element`s (NULL: a NULL list).
+fn list<T>(
+    values: Option<Vec<Option<T>>>,
+    scalar: impl Fn(Option<T>) -> ScalarValue,
+    element: DataType,
+) -> ScalarValue {
+    match values {
+        Some(values) => {
+            let values: Vec<ScalarValue> = values.into_iter().map(scalar).collect();
+            ScalarValue::List(ScalarValue::new_list_nullable(&values, &element))
+        }
+        None => ScalarValue::try_from(DataType::List(std::sync::Arc::new(
+            sluice_engine::datafusion::arrow::datatypes::Field::new_list_field(element, true),
+        )))
+        .unwrap_or(ScalarValue::Null),
+    }
 }
 
 #[cfg(test)]
