@@ -772,6 +772,11 @@ async fn plan(
         crate::pg_catalog::postgres_catalog(inner);
     }
     let plan = state.statement_to_plan(statement).await.map_err(df)?;
-    let plan = array_placeholders(plan).map_err(df)?;
+    // Only a statement with placeholders has any to type: no walk of the plan otherwise.
+    let plan = if sql.contains('$') {
+        array_placeholders(plan).map_err(df)?
+    } else {
+        plan
+    };
     Ok((plan, names))
 }
