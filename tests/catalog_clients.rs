@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 
 use common::{free_port, psql_at, required_env, run_script, start};
@@ -72,6 +73,9 @@ fn psql_describes_sluice_tables_as_postgres_describes_them() {
         "\\d+ t",
         "\\d other",
         "\\dv",
+        "\\d v",
+        "\\dp",
+        "\\dD",
         "\\dn",
         "\\df",
         "\\di",
@@ -84,6 +88,20 @@ fn psql_describes_sluice_tables_as_postgres_describes_them() {
             "{command}: sluice (left) vs PostgreSQL (right)"
         );
     }
+    // `\d+ v`: the same, but the view's query is as it was written (PostgreSQL prints its own
+    // deparse of it: `SELECT t.id,` / `t.name` / `FROM t;`).
+    let direct = normalized(&psql(pg.port, "dba", "postgres", &["\\d+ v"]), "dba");
+    let sluice = normalized(&psql(port, "dba", "any", &["\\d+ v"]), "sluice");
+    let (sluice_columns, definition) = sluice.split_once("View definition:").expect("a definition");
+    assert_eq!(
+        sluice_columns,
+        direct
+            .split_once("View definition:")
+            .expect("a definition")
+            .0,
+        "\\d+ v: sluice (left) vs PostgreSQL (right)"
+    );
+    assert_eq!(definition.trim(), "SELECT id, name FROM t;\n---");
     // `\l`: sluice has one database of its own; the listing has Postgres's shape.
     let direct = psql(pg.port, "dba", "postgres", &["\\l"]);
     let sluice = psql(port, "dba", "any", &["\\l"]);
@@ -129,20 +147,43 @@ fn normalized_row(line: &str) -> String {
     line.split('|').map(str::trim).collect::<Vec<_>>().join("|")
 }
 
+/// A driver's script run against PostgreSQL and against sluice (`url(port, database)` says how
+/// that driver is pointed at each): the outputs must be the same, and at least `lines` long.
+fn same_against_both(
+    driver: &str,
+    program: &OsStr,
+    script: &str,
+    envs: &[(&str, &OsStr)],
+    url: impl Fn(u16, &str) -> String,
+    lines: usize,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pg, port, _server) = both(dir.path());
+    let direct = run_script(program, script, &url(pg.port, "postgres"), envs);
+    let sluice = run_script(program, script, &url(port, "any"), envs);
+    assert!(direct.lines().count() >= lines, "{direct}");
+    assert_eq!(
+        sluice, direct,
+        "{driver}: sluice (left) vs PostgreSQL (right)"
+    );
+}
+
+fn postgresql_url(port: u16, database: &str) -> String {
+    format!("postgresql://dba@127.0.0.1:{port}/{database}")
+}
+
 #[test]
 fn psycopg_reads_sluice_catalog_as_it_reads_postgres() {
     let Some(python) = required_env("SLUICE_DRIVERS_PYTHON", "a python with psycopg") else {
         return;
     };
-    let run = |dsn: &str| run_script(&python, "drivers/catalog.py", dsn, &[]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (pg, port, _server) = both(dir.path());
-    let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
-    let sluice = run(&format!("postgresql://dba@127.0.0.1:{port}/any"));
-    assert!(direct.lines().count() >= 10, "{direct}");
-    assert_eq!(
-        sluice, direct,
-        "psycopg: sluice (left) vs PostgreSQL (right)"
+    same_against_both(
+        "psycopg",
+        &python,
+        "drivers/catalog.py",
+        &[],
+        postgresql_url,
+        10,
     );
 }
 
@@ -151,23 +192,13 @@ fn node_postgres_reads_sluice_catalog_as_it_reads_postgres() {
     let Some(modules) = required_env("SLUICE_NODE_MODULES", "a node_modules with pg") else {
         return;
     };
-    let node = std::ffi::OsString::from("node");
-    let run = |dsn: &str| {
-        run_script(
-            &node,
-            "drivers/node_catalog.js",
-            dsn,
-            &[("NODE_PATH", &modules)],
-        )
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (pg, port, _server) = both(dir.path());
-    let direct = run(&format!("postgresql://dba@127.0.0.1:{}/postgres", pg.port));
-    let sluice = run(&format!("postgresql://dba@127.0.0.1:{port}/any"));
-    assert!(direct.lines().count() >= 6, "{direct}");
-    assert_eq!(
-        sluice, direct,
-        "node-postgres: sluice (left) vs PostgreSQL (right)"
+    same_against_both(
+        "node-postgres",
+        OsStr::new("node"),
+        "drivers/node_catalog.js",
+        &[("NODE_PATH", &modules)],
+        postgresql_url,
+        6,
     );
 }
 
@@ -176,22 +207,12 @@ fn jdbc_reads_sluice_catalog_as_it_reads_postgres() {
     let Some(jar) = required_env("SLUICE_JDBC_JAR", "the PostgreSQL JDBC driver's jar") else {
         return;
     };
-    let java = std::ffi::OsString::from("java");
-    let run = |url: &str| {
-        run_script(
-            &java,
-            "drivers/JdbcCatalog.java",
-            url,
-            &[("CLASSPATH", &jar)],
-        )
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (pg, port, _server) = both(dir.path());
-    let direct = run(&format!(
-        "jdbc:postgresql://127.0.0.1:{}/postgres?user=dba",
-        pg.port
-    ));
-    let sluice = run(&format!("jdbc:postgresql://127.0.0.1:{port}/any?user=dba"));
-    assert!(direct.lines().count() >= 10, "{direct}");
-    assert_eq!(sluice, direct, "JDBC: sluice (left) vs PostgreSQL (right)");
+    same_against_both(
+        "JDBC",
+        OsStr::new("java"),
+        "drivers/JdbcCatalog.java",
+        &[("CLASSPATH", &jar)],
+        |port, database| format!("jdbc:postgresql://127.0.0.1:{port}/{database}?user=dba"),
+        10,
+    );
 }

@@ -130,6 +130,7 @@ fn the_live_page_shows_the_tree_and_the_queue_and_follows_them() {
     );
     for line in [
         "tree: ",
+        "shares: all 100%",
         "waiting: SELECT 42",
         "dev queued 1",
         "after: nothing runs",

@@ -25,6 +25,15 @@ const [url, screenshot] = process.argv.slice(2);
     const nested = await page.$(`li.node[data-path="/all"] li.node[data-path="/all/prod"]`);
     if (!nested) throw new Error("prod is not drawn under all");
     console.log("tree: /all > /all/prod, /all/dev");
+    // The shares table under the tree: prod's weight 3 against dev's 1 under all's one slot.
+    const shares = {};
+    for (const row of await page.$$(`table.shares[data-resource="slots"] tr.share`)) {
+      shares[await row.getAttribute("data-workload")] = await row.$eval("td.guaranteed", (td) => td.textContent);
+    }
+    if (shares.prod !== "75%" || shares.dev !== "25%" || shares.all !== "100%") {
+      throw new Error("shares: " + JSON.stringify(shares));
+    }
+    console.log("shares: all 100%, prod 75%, dev 25%");
     // The waiting query, with what it waits for.
     const waiting = await page.waitForSelector("tr.process.waiting", { timeout: 10000 });
     const text = await waiting.innerText();

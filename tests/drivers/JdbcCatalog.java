@@ -1,8 +1,8 @@
 // The PostgreSQL JDBC driver (pgjdbc, Debian's libpostgresql-jdbc-java) on connect, as a Java
 // application or a GUI tool over JDBC (DBeaver, Metabase) does: the server's version, a
 // prepared query and its result's metadata, and DatabaseMetaData's catalog reads (tables,
-// columns, primary keys, schemas). Prints one line per fact, so the output against PostgreSQL
-// and against sluice can be compared.
+// columns, primary keys, schemas; the index, key and function reads GUI tools make). Prints
+// one line per fact, so the output against PostgreSQL and against sluice can be compared.
 //
 //   java -cp /usr/share/java/postgresql.jar JdbcCatalog.java jdbc:postgresql://HOST:PORT/DB?user=U
 import java.sql.*;
@@ -38,12 +38,40 @@ public class JdbcCatalog {
                     "IS_AUTOINCREMENT");
             print("primary keys", md.getPrimaryKeys(null, "public", "t"), "COLUMN_NAME");
             print("schemas", md.getSchemas(null, "public"), "TABLE_SCHEM");
+            // What GUI tools read next to draw a table (none of it exists here: no indexes,
+            // keys or functions of the user's; each read must answer, with no rows).
+            count("index info", md.getIndexInfo(null, "public", "t", false, true));
+            count("imported keys", md.getImportedKeys(null, "public", "t"));
+            count("exported keys", md.getExportedKeys(null, "public", "t"));
+            count("functions", md.getFunctions(null, "public", "%"));
+            count("procedures", md.getProcedures(null, "public", "%"));
+            // The types a tool offers for a new column: sluice has fewer than PostgreSQL, so
+            // only the common ones are compared.
+            Set<String> types = new TreeSet<>();
+            try (ResultSet rs = md.getTypeInfo()) {
+                while (rs.next()) {
+                    types.add(rs.getString("TYPE_NAME") + ":" + rs.getInt("DATA_TYPE"));
+                }
+            }
+            types.retainAll(List.of("int4:4", "int8:-5", "text:12", "float8:8", "bool:-7",
+                    "numeric:2", "timestamp:93", "date:91"));
+            System.out.println("type info: " + types);
             try (Statement s = c.createStatement();
                     ResultSet rs = s.executeQuery("SELECT count(*) AS n FROM other")) {
                 rs.next();
                 System.out.println("count: " + rs.getLong("n"));
             }
         }
+    }
+
+    static void count(String what, ResultSet rs) throws SQLException {
+        int n = 0;
+        try (rs) {
+            while (rs.next()) {
+                n++;
+            }
+        }
+        System.out.println(what + ": " + n + " rows");
     }
 
     static void print(String what, ResultSet rs, String... columns) throws SQLException {

@@ -34,6 +34,11 @@ with psycopg.connect(sys.argv[1], autocommit=True) as conn:
         print("any int:", cur.fetchall())
         cur.execute("SELECT id FROM t WHERE name = ANY(%s)", (["one", "two"],))
         print("any text:", cur.fetchall())
+        # Orderings against a list, in text and in binary.
+        cur.execute("SELECT id FROM t WHERE id < ANY(%s) AND id > ALL(%s)", ([0, 2], [-1, 0]))
+        print("< any, > all:", cur.fetchall())
+        cur.execute("SELECT id FROM t WHERE id <= ALL(%b)", ([1, 5],))
+        print("<= all, binary:", cur.fetchall())
     # psycopg's own catalog query (pg_type by name), as an adapter registration makes it.
     for name in ("text", "int4", "numeric", "timestamp", "bool"):
         info = TypeInfo.fetch(conn, name)

@@ -23,5 +23,9 @@ const { Client } = require("pg");
   console.log("any int:", JSON.stringify(any.rows));
   const anyText = await c.query("SELECT id FROM t WHERE name <> ALL($1)", [["two", "three"]]);
   console.log("all text:", JSON.stringify(anyText.rows));
+  // Orderings against a list (planned with its smallest or largest element).
+  const orderings = await c.query(
+    "SELECT id FROM t WHERE id < ANY($1) AND id >= ALL($2) AND name > ANY($3)", [[0, 2], [-1, 1], ["a"]]);
+  console.log("< any, >= all, > any text:", JSON.stringify(orderings.rows));
   await c.end();
 })().catch((e) => { console.error("FAILED: " + e.message); process.exit(1); });

@@ -27,7 +27,8 @@ pub(crate) fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::S
 }
 
 /// Types the placeholder of `x = ANY($n)` (and `x <> ALL($n)`; DataFusion plans both with
-/// `array_has($n, x)`) as an array of `x`'s type, as Postgres infers `$n` to be `x`'s array
+/// `array_has($n, x)`) and of the orderings (`x < ANY($n)`, `x >= ALL($n)`, …: compared with
+/// `array_min($n)` or `array_max($n)`) as an array of `x`'s type, as Postgres infers `$n` to be `x`'s array
 /// type. DataFusion leaves it untyped, so a client sending the array as text (node-postgres
 /// does) bound a string where a list belongs and the statement failed to plan; typed, the
 /// client is told the array type and its value is decoded as one.
@@ -36,8 +37,22 @@ pub(crate) fn array_placeholders(
 ) -> datafusion::error::Result<datafusion::logical_expr::LogicalPlan> {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-    use datafusion::logical_expr::expr::{Placeholder, ScalarFunction};
+    use datafusion::logical_expr::expr::{BinaryExpr, Placeholder, ScalarFunction};
     use datafusion::logical_expr::{Expr, ExprSchemable};
+    /// `$n` of `array_min($n)` or `array_max($n)`.
+    fn bound(e: &Expr) -> Option<&String> {
+        match e {
+            Expr::ScalarFunction(ScalarFunction { func, args })
+                if matches!(func.name(), "array_min" | "array_max") =>
+            {
+                match args.as_slice() {
+                    [Expr::Placeholder(Placeholder { id, field: None })] => Some(id),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
     // First each such placeholder's type, then every use of it typed (`x <> ALL($1)` uses
     // `$1` in four functions; all must agree).
     let mut lists = std::collections::HashMap::new();
@@ -51,18 +66,32 @@ pub(crate) fn array_placeholders(
             .collect();
         node.apply_expressions(|expr| {
             expr.apply(|e| {
-                if let Expr::ScalarFunction(ScalarFunction { func, args }) = e {
-                    if let [Expr::Placeholder(Placeholder { id, field: None }), needle] =
-                        args.as_slice()
+                // `array_has($n, x)` for `=`; `array_min($n) < x` and the like for orderings.
+                let found = match e {
+                    Expr::ScalarFunction(ScalarFunction { func, args })
+                        if func.name() == "array_has" =>
                     {
-                        let element = schemas.iter().find_map(|s| needle.get_type(s).ok());
-                        if let Some(element) = element.filter(|t| *t != DataType::Null) {
-                            if func.name() == "array_has" {
-                                let list =
-                                    DataType::List(Arc::new(Field::new_list_field(element, true)));
-                                lists.insert(id.clone(), Arc::new(Field::new("", list, true)));
+                        match args.as_slice() {
+                            [Expr::Placeholder(Placeholder { id, field: None }), needle] => {
+                                Some((id, needle))
                             }
+                            _ => None,
                         }
+                    }
+                    Expr::BinaryExpr(BinaryExpr { left, right, .. }) => {
+                        match (bound(left), bound(right)) {
+                            (Some(id), None) => Some((id, right.as_ref())),
+                            (None, Some(id)) => Some((id, left.as_ref())),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some((id, needle)) = found {
+                    let element = schemas.iter().find_map(|s| needle.get_type(s).ok());
+                    if let Some(element) = element.filter(|t| *t != DataType::Null) {
+                        let list = DataType::List(Arc::new(Field::new_list_field(element, true)));
+                        lists.insert(id.clone(), Arc::new(Field::new("", list, true)));
                     }
                 }
                 Ok(TreeNodeRecursion::Continue)
@@ -169,10 +198,11 @@ fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
             TableFactor::Table {
                 name,
                 alias,
-                args: Some(_),
+                args: Some(args),
                 with_ordinality: false,
                 ..
             } if is_series(name) => {
+                integer_bounds(&mut args.args);
                 let alias = alias.get_or_insert_with(|| TableAlias {
                     explicit: true,
                     name: Ident::new("generate_series"),
@@ -192,6 +222,36 @@ fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
                 }
             }
             _ => {}
+        }
+    }
+    // `generate_series(1, array_upper(a, 1))` (pgjdbc's type lookup): DataFusion's takes
+    // int8 literals only, and the bound, folded, is an int4; Postgres's integer series takes
+    // any integers. When the start is an integer literal, the other bounds become int8.
+    fn integer_bounds(args: &mut [FunctionArg]) {
+        use datafusion::sql::sqlparser::ast::{CastKind, DataType, Value};
+        fn expr(arg: &mut FunctionArg) -> Option<&mut Expr> {
+            match arg {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                _ => None,
+            }
+        }
+        let integer = |e: &Expr| matches!(e, Expr::Value(v) if matches!(&v.value, Value::Number(n, _) if !n.contains(['.', 'e', 'E'])));
+        let Some((first, rest)) = args.split_first_mut() else {
+            return;
+        };
+        if !expr(first).is_some_and(|e| integer(e)) {
+            return;
+        }
+        for bound in rest.iter_mut().filter_map(expr) {
+            if !integer(bound) {
+                *bound = Expr::Cast {
+                    kind: CastKind::Cast,
+                    expr: Box::new(bound.clone()),
+                    data_type: DataType::BigInt(None),
+                    array: false,
+                    format: None,
+                };
+            }
         }
     }
     fn body(set: &mut SetExpr) {

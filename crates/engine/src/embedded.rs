@@ -494,14 +494,26 @@ fn cannot_convert(
     target: &DataType,
     why: impl std::fmt::Display,
 ) -> Error {
+    // A parameter can be megabytes long, and DataFusion's cast errors quote it in full: the
+    // message names it by its start, so a hostile Bind cannot make sluice echo it back.
     Error::new(
         ErrorCode::CannotConvertType,
         format!(
-            "parameter ${} ({value}) cannot be taken as {target}: {why}",
-            i + 1
+            "parameter ${} ({}) cannot be taken as {target}: {}",
+            i + 1,
+            clipped(&value.to_string(), 60),
+            clipped(&why.to_string(), 200),
         ),
     )
     .with_sqlstate("22P02")
+}
+
+/// `text` cut to its first `limit` characters, with an ellipsis and the length when cut.
+fn clipped(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}… ({} characters)", &text[..end], text.chars().count()),
+    }
 }
 
 impl SessionInner {

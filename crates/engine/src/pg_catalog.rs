@@ -36,6 +36,7 @@ use datafusion::logical_expr::{
     Volatility,
 };
 use datafusion::physical_plan::ExecutionPlan;
+use futures::FutureExt;
 
 /// The catalog sluice's tables live in (DataFusion's default).
 const CATALOG: &str = "datafusion";
@@ -261,6 +262,8 @@ struct Relation {
     /// `r` table, `v` view.
     kind: &'static str,
     columns: SchemaRef,
+    /// A view's query, as [`view_definition`] gives it.
+    definition: Option<String>,
 }
 
 /// The schemas of the default catalog and their tables, as of now.
@@ -291,6 +294,7 @@ async fn relations(
                     _ => "r",
                 },
                 columns: table.schema(),
+                definition: table.get_table_definition().and_then(view_definition),
                 schema: schema.clone(),
                 name,
             });
@@ -339,6 +343,29 @@ impl<'a> Directory<'a> {
     /// The schema of the table with `oid`.
     fn schema_of(&self, oid: i64) -> Option<&str> {
         self.relation(oid).map(|(schema, _)| schema)
+    }
+
+    /// The query of the view with `oid`. Opening a table is async in DataFusion; the default
+    /// catalog's schemas are in memory, so it is ready at once (and NULL, as for a table, if
+    /// it ever were not).
+    fn view_definition(&self, oid: i64) -> Option<String> {
+        let (schema, table) = self.relation(oid)?;
+        let provider = self.catalogs.upgrade()?.catalog(CATALOG)?.schema(schema)?;
+        let table = provider.table(table).now_or_never()?.ok()??;
+        table.get_table_definition().and_then(view_definition)
+    }
+}
+
+/// A view's query from the `CREATE VIEW` DataFusion keeps, as PostgreSQL's `pg_get_viewdef`
+/// prints one: after a space, ended by a semicolon (not re-indented as PostgreSQL does).
+fn view_definition(create: &str) -> Option<String> {
+    use datafusion::sql::sqlparser::{ast::Statement, dialect::PostgreSqlDialect, parser::Parser};
+    match Parser::parse_sql(&PostgreSqlDialect {}, create)
+        .ok()?
+        .as_slice()
+    {
+        [Statement::CreateView(view)] => Some(format!(" {};", view.query)),
+        _ => None,
     }
 }
 
@@ -515,6 +542,7 @@ fn columns(table: &str) -> Option<Vec<Col>> {
             col("indnatts", Int2, N),
             col("indnkeyatts", Int2, N),
             col("indisunique", Bool, N),
+            col("indnullsnotdistinct", Bool, N),
             col("indisprimary", Bool, N),
             col("indisexclusion", Bool, N),
             col("indimmediate", Bool, N),
@@ -525,6 +553,9 @@ fn columns(table: &str) -> Option<Vec<Col>> {
             col("indislive", Bool, N),
             col("indisreplident", Bool, N),
             col("indkey", Int2List, N),
+            col("indcollation", OidList, N),
+            col("indclass", OidList, N),
+            col("indoption", Int2List, N),
             col("indexprs", Text, N),
             col("indpred", Text, N),
         ],
@@ -1063,7 +1094,9 @@ async fn rows(
                                 _ => "p",
                             }),
                         ),
-                        ("attnotnull", B(!f.is_nullable())),
+                        // PostgreSQL keeps NOT NULL only on a table's own columns: a view's
+                        // are nullable whatever the planner infers of them.
+                        ("attnotnull", B(r.kind == "r" && !f.is_nullable())),
                     ]
                 })
             })
@@ -1073,7 +1106,11 @@ async fn rows(
             .filter(|r| (r.kind == "v") == (table == "pg_views"))
             .map(|r| {
                 if table == "pg_views" {
-                    vec![("schemaname", t(&r.schema)), ("viewname", t(&r.name))]
+                    vec![
+                        ("schemaname", t(&r.schema)),
+                        ("viewname", t(&r.name)),
+                        ("definition", r.definition.clone().map_or(N, V::T)),
+                    ]
                 } else {
                     vec![("schemaname", t(&r.schema)), ("tablename", t(&r.name))]
                 }
@@ -1090,22 +1127,11 @@ async fn rows(
                     ("typcategory", S(ty.category)),
                     ("typelem", I(ty.elem)),
                     ("typarray", I(ty.array)),
-                    (
-                        "typinput",
-                        t(&format!("{}in", ty.name.trim_start_matches('_'))),
-                    ),
-                    (
-                        "typoutput",
-                        t(&format!("{}out", ty.name.trim_start_matches('_'))),
-                    ),
-                    (
-                        "typreceive",
-                        t(&format!("{}recv", ty.name.trim_start_matches('_'))),
-                    ),
-                    (
-                        "typsend",
-                        t(&format!("{}send", ty.name.trim_start_matches('_'))),
-                    ),
+                    // Postgres's I/O functions: an array type's are `array_in`, ….
+                    ("typinput", io_function(ty.name, "in")),
+                    ("typoutput", io_function(ty.name, "out")),
+                    ("typreceive", io_function(ty.name, "recv")),
+                    ("typsend", io_function(ty.name, "send")),
                     ("typstorage", S(if ty.len < 0 { "x" } else { "p" })),
                 ]
             })
@@ -1187,7 +1213,13 @@ async fn rows(
         "views" => relations
             .iter()
             .filter(|r| r.kind == "v")
-            .map(|r| vec![("table_schema", t(&r.schema)), ("table_name", t(&r.name))])
+            .map(|r| {
+                vec![
+                    ("table_schema", t(&r.schema)),
+                    ("table_name", t(&r.name)),
+                    ("view_definition", r.definition.clone().map_or(N, V::T)),
+                ]
+            })
             .collect(),
         "columns" => relations
             .iter()
@@ -1246,11 +1278,21 @@ async fn rows(
                 ]
             })
             .collect(),
-        "pg_settings" => state
-            .config_options()
-            .entries()
-            .into_iter()
-            .map(|e| {
+        "pg_settings" => PRESETS
+            .iter()
+            .map(|&(name, value, vartype, description)| {
+                vec![
+                    ("name", S(name)),
+                    ("setting", S(value)),
+                    ("category", S("Preset Options")),
+                    ("short_desc", S(description)),
+                    ("context", S("internal")),
+                    ("vartype", S(vartype)),
+                    ("boot_val", S(value)),
+                    ("reset_val", S(value)),
+                ]
+            })
+            .chain(state.config_options().entries().into_iter().map(|e| {
                 let value = e.value.unwrap_or_default();
                 vec![
                     ("name", t(&e.key)),
@@ -1259,11 +1301,63 @@ async fn rows(
                     ("boot_val", t(&value)),
                     ("reset_val", t(&value)),
                 ]
-            })
+            }))
             .collect(),
         _ => Vec::new(),
     })
 }
+
+/// The name of type `name`'s input, output, receive or send function (`suffix` `in`, `out`,
+/// `recv`, `send`), as `pg_type` names it: `int4in`, and for every array type `array_in`.
+fn io_function(name: &str, suffix: &str) -> V {
+    if name.starts_with('_') {
+        V::T(format!("array_{suffix}"))
+    } else {
+        V::T(format!("{name}{suffix}"))
+    }
+}
+
+/// PostgreSQL's read-only "preset options" that drivers read from `pg_settings` before they
+/// build a catalog query (pgjdbc's `getImportedKeys` asks for `max_index_keys`), with
+/// PostgreSQL's values: name, setting, type, description.
+const PRESETS: [(&str, &str, &str, &str); 6] = [
+    (
+        "block_size",
+        "8192",
+        "integer",
+        "Shows the size of a disk block.",
+    ),
+    (
+        "integer_datetimes",
+        "on",
+        "bool",
+        "Shows whether datetimes are integer based.",
+    ),
+    (
+        "max_function_args",
+        "100",
+        "integer",
+        "Shows the maximum number of function arguments.",
+    ),
+    (
+        "max_identifier_length",
+        "63",
+        "integer",
+        "Shows the maximum identifier length.",
+    ),
+    (
+        "max_index_keys",
+        "32",
+        "integer",
+        "Shows the maximum number of index keys.",
+    ),
+    (
+        "server_encoding",
+        "UTF8",
+        "string",
+        "Shows the server (database) character set encoding.",
+    ),
+];
 
 // ---------------------------------------------------------------------------------------------
 // The schema and its tables
@@ -1545,7 +1639,9 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
         function("pg_get_expr", &[2, 3], DataType::Utf8, none),
         function("pg_get_indexdef", &[1, 3], DataType::Utf8, none),
         function("pg_get_constraintdef", &[1, 2], DataType::Utf8, none),
-        function("pg_get_viewdef", &[1, 2], DataType::Utf8, none),
+        lookup("pg_get_viewdef", &[1, 2], DataType::Utf8, |args, tables| {
+            utf8(int(&args[0]).and_then(|oid| tables.view_definition(oid)))
+        }),
         function(
             "pg_get_statisticsobjdef_columns",
             &[1],
@@ -1655,6 +1751,14 @@ fn functions(catalogs: Weak<dyn CatalogProviderList>) -> Vec<PgFunction> {
                     .map(|t| t.oid as u32)
             }))
         }),
+        // `'pg_catalog.array_in'::regproc`: a function by its name, as `pg_type` names the
+        // I/O functions (unqualified; sluice's functions are all in `pg_catalog`).
+        function("regproc", &[1], DataType::Utf8, |args| {
+            utf8(text(&args[0]).map(|name| match name.rsplit_once('.') {
+                Some((_, name)) => name.to_string(),
+                None => name,
+            }))
+        }),
         function("regnamespace", &[1], DataType::Utf8, |args| {
             utf8(int(&args[0]).map(|oid| oid.to_string()))
         }),
@@ -1732,7 +1836,8 @@ pub(crate) fn postgres_catalog(statement: &mut datafusion::sql::sqlparser::ast::
             "regclass" => Target::Function("regclass"),
             "regtype" => Target::Function("regtype"),
             "regnamespace" => Target::Function("regnamespace"),
-            "regproc" | "regprocedure" | "regrole" => Target::Function("regnamespace"),
+            "regproc" | "regprocedure" => Target::Function("regproc"),
+            "regrole" => Target::Function("regnamespace"),
             _ => return None,
         })
     }

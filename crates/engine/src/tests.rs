@@ -141,7 +141,19 @@ async fn generate_series_returns_rows_named_as_in_postgres() {
             QueryOutput::Command { tag, .. } => panic!("{sql}: {tag}"),
         }
     }
-    let cases: [(&str, &[&str], usize); 9] = [
+    let cases: [(&str, &[&str], usize); 11] = [
+        // An int4 bound (pgjdbc's `array_upper(…, 1)`): DataFusion's series takes int8 only.
+        (
+            "SELECT r FROM generate_series(1, CAST(3 AS INT)) AS s(r)",
+            &["r"],
+            3,
+        ),
+        (
+            "SELECT * FROM generate_series(TIMESTAMP '2026-01-01', TIMESTAMP '2026-01-03', \
+             INTERVAL '1 day')",
+            &["generate_series"],
+            3,
+        ),
         ("SELECT generate_series(1, 3)", &["generate_series"], 3),
         ("SELECT generate_series(1, 10, 4) AS n", &["n"], 3),
         (

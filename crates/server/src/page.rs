@@ -42,7 +42,13 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const TICK: Duration = Duration::from_secs(1);
 
 /// The tables the page shows.
-const TABLES: [&str; 4] = ["resources", "workloads", "scheduler", "processes"];
+const TABLES: [&str; 5] = [
+    "resources",
+    "workloads",
+    "scheduler",
+    "processes",
+    "workload_shares",
+];
 
 /// The page's figures as of now: `{"at": <unix ms>, "<table>": [{column: value, …}, …], …}`.
 pub fn state_json(shared: &Shared) -> String {

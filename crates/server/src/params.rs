@@ -10,6 +10,8 @@ use rust_decimal::Decimal;
 use sluice_engine::datafusion::arrow::datatypes::DataType;
 use sluice_engine::datafusion::common::ScalarValue;
 
+use sluice_sql::{Error, ErrorCode};
+
 use crate::encode::pg_type;
 
 /// The type of each placeholder: declared by the client in Parse, or inferred, or `text`.
@@ -48,6 +50,22 @@ pub fn values<S: Clone>(portal: &Portal<S>, types: &[Type]) -> PgWireResult<Vec<
 }
 
 fn value<S: Clone>(portal: &Portal<S>, i: usize, ty: &Type) -> PgWireResult<ScalarValue> {
+    // Postgres names an array type after its element, with a leading underscore.
+    let array = ty.name().starts_with('_');
+    let sent = portal.parameters.get(i).cloned().flatten();
+    let dimensions = sent
+        .filter(|_| array)
+        .and_then(|bytes| array_dimensions(&bytes, portal.parameter_format.is_binary(i)));
+    if let Some(dimensions) = dimensions.filter(|d| *d > 1) {
+        return Err(crate::error::to_pg(&Error::new(
+            ErrorCode::NotImplemented,
+            format!(
+                "parameter ${} is a {dimensions}-dimensional array: sluice takes arrays of one \
+                 dimension as parameters (send a flat list)",
+                i + 1
+            ),
+        )));
+    }
     Ok(match *ty {
         Type::BOOL => ScalarValue::Boolean(portal.parameter::<bool>(i, ty)?),
         Type::INT2 => ScalarValue::Int16(portal.parameter::<i16>(i, ty)?),
@@ -124,6 +142,26 @@ fn value<S: Clone>(portal: &Portal<S>, i: usize, ty: &Type) -> PgWireResult<Scal
     })
 }
 
+/// How many dimensions an array parameter's value has, as its text form (`{{1,2},{3,4}}`, after
+/// an optional `[1:2][1:2]=` bounds prefix) or its binary header's first word says.
+fn array_dimensions(bytes: &[u8], binary: bool) -> Option<usize> {
+    if binary {
+        let header: [u8; 4] = bytes.get(..4)?.try_into().ok()?;
+        return Some(u32::from_be_bytes(header) as usize);
+    }
+    let text = std::str::from_utf8(bytes).ok()?.trim_start();
+    let text = match text.strip_prefix('[') {
+        Some(_) => text.split_once('=')?.1,
+        None => text,
+    };
+    Some(
+        text.chars()
+            .filter(|c| !c.is_whitespace())
+            .take_while(|c| *c == '{')
+            .count(),
+    )
+}
+
 /// An array parameter as a list scalar of `element`s (NULL: a NULL list).
 fn list<T>(
     values: Option<Vec<Option<T>>>,
@@ -145,6 +183,29 @@ fn list<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_dimensions_in_text_and_binary() {
+        for (text, want) in [
+            ("{1,2}", 1),
+            ("{}", 1),
+            ("{{1,2},{3,4}}", 2),
+            (" { {1}, {2} }", 2),
+            ("[1:1][1:2]={{1,2}}", 2),
+            ("{{{1}}}", 3),
+            (r#"{"{a",b}"#, 1),
+        ] {
+            assert_eq!(
+                array_dimensions(text.as_bytes(), false),
+                Some(want),
+                "{text}"
+            );
+        }
+        let binary = |ndim: u32| [&ndim.to_be_bytes()[..], &[0; 8]].concat();
+        assert_eq!(array_dimensions(&binary(0), true), Some(0));
+        assert_eq!(array_dimensions(&binary(2), true), Some(2));
+        assert_eq!(array_dimensions(&[0, 0], true), None);
+    }
 
     #[test]
     fn declared_types_win_then_inferred_then_text() {

@@ -199,6 +199,44 @@ async fn deep_expressions_get_an_error_and_the_server_stays_up() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn a_huge_parameter_that_does_not_convert_is_refused_without_its_echo() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    // Sent as text, each to a placeholder of another type: an array of 100,000 open braces,
+    // and 100,000 letters for an integer.
+    let cases = [
+        (
+            "SELECT count(*) FROM (VALUES (1)) AS t(x) WHERE x = ANY($1)",
+            "{".repeat(100_000),
+        ),
+        (
+            "SELECT count(*) FROM (VALUES (1)) AS t(x) WHERE x = $1",
+            "x".repeat(100_000),
+        ),
+    ];
+    for (sql, value) in &cases {
+        let statement = client
+            .prepare_typed(sql, &[tokio_postgres::types::Type::TEXT])
+            .await
+            .expect("prepares");
+        let e = client
+            .query(&statement, &[value])
+            .await
+            .expect_err("does not convert");
+        assert_eq!(sqlstate(&e), "22P02", "{}", message(&e));
+        assert!(
+            message(&e).len() < 1_000 && message(&e).contains("100000 characters"),
+            "{} characters: {}…",
+            message(&e).len(),
+            message(&e).chars().take(300).collect::<String>()
+        );
+    }
+    assert_eq!(column(&client, "SELECT 2").await, ["2"]);
+    server.stop().await;
+}
+
 /// The fastest of three runs of a Bind of `n` parameters.
 async fn bind_time(client: &tokio_postgres::Client, n: usize) -> Duration {
     let placeholders: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
