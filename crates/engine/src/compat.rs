@@ -28,10 +28,10 @@ pub(crate) fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::S
 
 /// Types the placeholder of `x = ANY($n)` (and `x <> ALL($n)`; DataFusion plans both with
 /// `array_has($n, x)`) and of the orderings (`x < ANY($n)`, `x >= ALL($n)`, …: compared with
-/// `array_min($n)` or `array_max($n)`) as an array of `x`'s type, as Postgres infers `$n` to be `x`'s array
-/// type. DataFusion leaves it untyped, so a client sending the array as text (node-postgres
-/// does) bound a string where a list belongs and the statement failed to plan; typed, the
-/// client is told the array type and its value is decoded as one.
+/// `array_min($n)` or `array_max($n)`) as an array of `x`'s type, as Postgres infers `$n` to
+/// be `x`'s array type. DataFusion leaves it untyped, so a client sending the array as text
+/// (node-postgres does) bound a string where a list belongs and the statement failed to plan;
+/// typed, the client is told the array type and its value is decoded as one.
 pub(crate) fn array_placeholders(
     plan: datafusion::logical_expr::LogicalPlan,
 ) -> datafusion::error::Result<datafusion::logical_expr::LogicalPlan> {
@@ -235,7 +235,14 @@ fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
                 _ => None,
             }
         }
-        let integer = |e: &Expr| matches!(e, Expr::Value(v) if matches!(&v.value, Value::Number(n, _) if !n.contains(['.', 'e', 'E'])));
+        fn integer(e: &Expr) -> bool {
+            match e {
+                Expr::Value(v) => {
+                    matches!(&v.value, Value::Number(n, _) if !n.contains(['.', 'e', 'E']))
+                }
+                _ => false,
+            }
+        }
         let Some((first, rest)) = args.split_first_mut() else {
             return;
         };
