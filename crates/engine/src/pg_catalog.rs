@@ -262,8 +262,19 @@ struct Relation {
     /// `r` table, `v` view.
     kind: &'static str,
     columns: SchemaRef,
-    /// A view's query, as [`view_definition`] gives it.
-    definition: Option<String>,
+    /// A view's `CREATE VIEW` as DataFusion keeps it ([`view_definition`] takes its query out
+    /// where a table shows it; most catalog reads do not).
+    create: Option<String>,
+}
+
+impl Relation {
+    /// A view's query (NULL for a table).
+    fn definition(&self) -> V {
+        self.create
+            .as_deref()
+            .and_then(view_definition)
+            .map_or(V::Null, V::T)
+    }
 }
 
 /// The schemas of the default catalog and their tables, as of now.
@@ -294,7 +305,7 @@ async fn relations(
                     _ => "r",
                 },
                 columns: table.schema(),
-                definition: table.get_table_definition().and_then(view_definition),
+                create: table.get_table_definition().map(str::to_string),
                 schema: schema.clone(),
                 name,
             });
@@ -1109,7 +1120,7 @@ async fn rows(
                     vec![
                         ("schemaname", t(&r.schema)),
                         ("viewname", t(&r.name)),
-                        ("definition", r.definition.clone().map_or(N, V::T)),
+                        ("definition", r.definition()),
                     ]
                 } else {
                     vec![("schemaname", t(&r.schema)), ("tablename", t(&r.name))]
@@ -1217,7 +1228,7 @@ async fn rows(
                 vec![
                     ("table_schema", t(&r.schema)),
                     ("table_name", t(&r.name)),
-                    ("view_definition", r.definition.clone().map_or(N, V::T)),
+                    ("view_definition", r.definition()),
                 ]
             })
             .collect(),

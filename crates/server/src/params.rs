@@ -9,7 +9,6 @@ use pgwire::error::{PgWireError, PgWireResult};
 use rust_decimal::Decimal;
 use sluice_engine::datafusion::arrow::datatypes::DataType;
 use sluice_engine::datafusion::common::ScalarValue;
-
 use sluice_sql::{Error, ErrorCode};
 
 use crate::encode::pg_type;
@@ -51,11 +50,12 @@ pub fn values<S: Clone>(portal: &Portal<S>, types: &[Type]) -> PgWireResult<Vec<
 
 fn value<S: Clone>(portal: &Portal<S>, i: usize, ty: &Type) -> PgWireResult<ScalarValue> {
     // Postgres names an array type after its element, with a leading underscore.
-    let array = ty.name().starts_with('_');
-    let sent = portal.parameters.get(i).cloned().flatten();
-    let dimensions = sent
-        .filter(|_| array)
-        .and_then(|bytes| array_dimensions(&bytes, portal.parameter_format.is_binary(i)));
+    let dimensions = match portal.parameters.get(i) {
+        Some(Some(bytes)) if ty.name().starts_with('_') => {
+            array_dimensions(bytes, portal.parameter_format.is_binary(i))
+        }
+        _ => None,
+    };
     if let Some(dimensions) = dimensions.filter(|d| *d > 1) {
         return Err(crate::error::to_pg(&Error::new(
             ErrorCode::NotImplemented,
