@@ -898,18 +898,25 @@ impl Forwarder {
             Failed::Upstream if !sync => return Ok(()),
             _ => {}
         }
-        let admit_as = steps.iter().find_map(|s| match s {
-            Step::Execute { prepared, .. } => Some(prepared.as_ref().map_or_else(
-                || Forwarded {
+        // Admitted as the batch's first Execute (an unknown portal: as an empty utility
+        // statement, which the upstream then refuses).
+        let unknown;
+        let admit_as = match steps.iter().find_map(|s| match s {
+            Step::Execute { prepared, .. } => Some(prepared),
+            _ => None,
+        }) {
+            Some(Some(prepared)) => Some(&prepared.forwarded),
+            Some(None) => {
+                unknown = Forwarded {
                     sql: String::new(),
                     query: utility(""),
                     changes_session: false,
-                },
-                |p| p.forwarded.clone(),
-            )),
-            _ => None,
-        });
-        if self.failed == Failed::No && !self.begin(socket, connection, admit_as.as_ref()).await? {
+                };
+                Some(&unknown)
+            }
+            None => None,
+        };
+        if self.failed == Failed::No && !self.begin(socket, connection, admit_as).await? {
             // Refused: the rest up to Sync is skipped here, and the Sync answered.
             self.failed = Failed::Here;
             if sync {

@@ -53,7 +53,7 @@ impl RunRecord {
             user: user.to_string(),
             initial_workload: initial_workload.to_string(),
             fingerprint,
-            query: query.chars().take(2_000).collect(),
+            query: first_chars(query, 2_000).to_string(),
             arrived: SystemTime::now(),
             arrived_at: Instant::now(),
             admitted: None,
@@ -99,6 +99,17 @@ impl RunRecord {
             ErrorCode::QueryWasCancelled => Outcome::Cancelled,
             code => Outcome::Error(code.name()),
         });
+    }
+}
+
+/// The first `n` characters of `text` (a slice: no character-by-character copy).
+pub(crate) fn first_chars(text: &str, n: usize) -> &str {
+    if text.len() <= n {
+        return text; // no more bytes than n, so no more characters
+    }
+    match text.char_indices().nth(n) {
+        Some((end, _)) => &text[..end],
+        None => text,
     }
 }
 
@@ -165,5 +176,18 @@ impl Drop for RunRecord {
             rows: self.rows,
             query: std::mem::take(&mut self.query),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn first_chars_cuts_at_a_character_boundary() {
+        use super::first_chars;
+        assert_eq!(first_chars("select 1", 100), "select 1");
+        assert_eq!(first_chars("select 1", 6), "select");
+        assert_eq!(first_chars("ééé", 2), "éé");
+        assert_eq!(first_chars("ééé", 3), "ééé");
+        assert_eq!(first_chars("", 0), "");
     }
 }
