@@ -16,27 +16,11 @@ cd "$(dirname "$0")/.."
 . bench/postgres.sh
 
 seconds="${1:-10}"
-for tool in pgbench initdb pg_ctl; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool not found" >&2; exit 2; }
-done
-
-
-work="$(mktemp -d)"
+need_tools pgbench initdb pg_ctl
+bench_dir
 pg_port=54329
 sluice_port=6549
-cleanup() {
-  [ -n "${sluice_pid:-}" ] && kill "$sluice_pid" 2>/dev/null && wait "$sluice_pid" 2>/dev/null || true
-  [ -n "${baseline_pid:-}" ] && kill "$baseline_pid" 2>/dev/null && wait "$baseline_pid" 2>/dev/null || true
-  stop_postgres
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ -z "${SLUICE_BIN:-}" ]; then
-  echo "== building sluice (release)" >&2
-  cargo build --release --quiet --bin sluice
-  SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
-fi
+release_sluice
 baseline_port=6550
 
 start_postgres "$pg_port" 200
@@ -58,9 +42,11 @@ start_sluice() {
 }
 echo "== starting sluice ($SLUICE_BIN)" >&2
 sluice_pid=$(start_sluice "$SLUICE_BIN" "$sluice_port" "$work/sluice")
+pids+=("$sluice_pid")
 if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
   echo "== starting the baseline sluice ($SLUICE_BASELINE_BIN)" >&2
   baseline_pid=$(start_sluice "$SLUICE_BASELINE_BIN" "$baseline_port" "$work/baseline")
+  pids+=("$baseline_pid")
 fi
 echo 'SELECT 1;' > "$work/select1.sql"
 

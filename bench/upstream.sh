@@ -17,95 +17,18 @@ cd "$(dirname "$0")/.."
 . bench/postgres.sh
 
 seconds="${1:-10}"
-for tool in pgbench initdb pg_ctl pgbouncer; do
-  command -v "$tool" >/dev/null || {
-    echo "bench: $tool not found (Debian: apt-get install pgbouncer postgresql postgresql-contrib)" >&2
-    exit 2
-  }
-done
-
-work="$(mktemp -d)"
+need_tools pgbench initdb pg_ctl pgbouncer
+bench_dir
 pg_port=54339
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  stop_postgres
-  rm -rf "$work"
-}
-trap cleanup EXIT
+release_sluice
 
-if [ -z "${SLUICE_BIN:-}" ]; then
-  echo "== building sluice (release)" >&2
-  cargo build --release --quiet --bin sluice
-  SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
-fi
-
-start_postgres "$pg_port" 400
-pgbench -i -s 10 -q -h 127.0.0.1 -p "$pg_port" -U bench postgres >/dev/null 2>&1
-
-# PgBouncer, one instance per pooling mode.
-start_pgbouncer() {
-  local mode=$1 port=$2 dir="$work/pgbouncer-$1"
-  mkdir -p "$dir"
-  cat > "$dir/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$pg_port user=bench dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = any
-pool_mode = $mode
-default_pool_size = 64
-max_client_conn = 500
-logfile = $dir/log
-INI
-  [ "$(id -u)" = 0 ] && chown -R postgres "$dir"
-  if [ "$(id -u)" = 0 ]; then pgbouncer -u postgres "$dir/pgbouncer.ini" >/dev/null 2>&1 &
-  else pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 & fi
-  pids+=($!)
-  for _ in $(seq 100); do
-    (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && return
-    sleep 0.1
-  done
-  echo "bench: pgbouncer ($mode) did not start" >&2; exit 1
-}
-
-# sluice in upstream mode, one instance per pooling mode, a three-level tree.
-start_sluice() {
-  local mode=$1 port=$2 dir="$work/sluice-$1"
-  mkdir -p "$dir"
-  cat > "$dir/sluice.toml" <<TOML
-[upstream]
-url = "postgres://bench@127.0.0.1:$pg_port/postgres"
-pool_size = 64
-pool_mode = "$mode"
-
-[catalog]
-statements = """
-CREATE RESOURCE slots (QUERY);
-CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
-CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
-CREATE WORKLOAD bench IN prod;
-CREATE WORKLOAD dev IN all SETTINGS priority = 1;
-"""
-TOML
-  "$SLUICE_BIN" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" --data-dir "$dir/data" \
-    >/dev/null 2>"$dir.log" &
-  pids+=($!)
-  for _ in $(seq 100); do
-    grep -q "listening on" "$dir.log" 2>/dev/null && return
-    sleep 0.1
-  done
-  echo "bench: sluice ($mode) did not start" >&2; cat "$dir.log" >&2; exit 1
-}
+start_pgbench_postgres "$pg_port" 400
 
 echo "== starting PgBouncer ($(pgbouncer --version | head -1)) and sluice ($SLUICE_BIN)" >&2
 start_pgbouncer session 6441
 start_pgbouncer transaction 6442
-start_sluice session 6443
-start_sluice transaction 6444
+start_upstream_sluice sluice-session "$SLUICE_BIN" 6443 session
+start_upstream_sluice sluice-transaction "$SLUICE_BIN" 6444 transaction
 
 # run PORT MODE CLIENTS -> "tps p50_ms p99_ms"
 run() {

@@ -17,91 +17,12 @@ cd "$(dirname "$0")/.."
 seconds="${1:-10}"
 rate="${2:-3000}"
 clients="${3:-8}"
-for tool in pgbench initdb pg_ctl pgbouncer; do
-  command -v "$tool" >/dev/null || {
-    echo "bench: $tool not found (Debian: apt-get install pgbouncer postgresql)" >&2
-    exit 2
-  }
-done
-
-work="$(mktemp -d)"
+need_tools pgbench initdb pg_ctl pgbouncer
+bench_dir
 pg_port=54341
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  stop_postgres
-  rm -rf "$work"
-}
-trap cleanup EXIT
+release_sluice
 
-if [ -z "${SLUICE_BIN:-}" ]; then
-  echo "== building sluice (release)" >&2
-  cargo build --release --quiet --bin sluice
-  SLUICE_BIN="${CARGO_TARGET_DIR:-target}/release/sluice"
-fi
-
-start_postgres "$pg_port" 200
-pgbench -i -s 10 -q -h 127.0.0.1 -p "$pg_port" -U bench postgres >/dev/null 2>&1
-
-# start_pgbouncer PORT MODE -> its pid in $started
-start_pgbouncer() {
-  local port=$1 mode=$2 dir="$work/pgbouncer-$2"
-  mkdir -p "$dir"
-  cat > "$dir/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$pg_port user=bench dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = any
-pool_mode = $mode
-default_pool_size = 64
-max_client_conn = 500
-logfile = $dir/log
-INI
-  [ "$(id -u)" = 0 ] && chown -R postgres "$dir"
-  if [ "$(id -u)" = 0 ]; then pgbouncer -u postgres "$dir/pgbouncer.ini" >/dev/null 2>&1 &
-  else pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 & fi
-  started=$!
-  pids+=("$started")
-  wait_port "$port"
-}
-
-# start_sluice NAME BIN PORT MODE -> its pid in $started
-start_sluice() {
-  local name=$1 bin=$2 port=$3 mode=$4 dir="$work/$1"
-  mkdir -p "$dir"
-  cat > "$dir/sluice.toml" <<TOML
-[upstream]
-url = "postgres://bench@127.0.0.1:$pg_port/postgres"
-pool_size = 64
-pool_mode = "$mode"
-
-[catalog]
-statements = """
-CREATE RESOURCE slots (QUERY);
-CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000;
-CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
-CREATE WORKLOAD bench IN prod;
-CREATE WORKLOAD dev IN all SETTINGS priority = 1;
-"""
-TOML
-  "$bin" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" --data-dir "$dir/data" \
-    >/dev/null 2>"$dir.log" &
-  started=$!
-  pids+=("$started")
-  wait_port "$port"
-}
-
-wait_port() {
-  for _ in $(seq 100); do
-    (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
-    sleep 0.1
-  done
-  echo "bench: nothing listens on $1" >&2; exit 1
-}
+start_pgbench_postgres "$pg_port" 200
 
 # CPU ticks (user + system) of a process.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -130,12 +51,12 @@ cpu_per_xact() {
 }
 
 echo "== PgBouncer ($(pgbouncer --version | head -1)), sluice ($SLUICE_BIN)" >&2
-start_pgbouncer 6450 session; pgb_s=$started
-start_pgbouncer 6451 transaction; pgb_t=$started
-start_sluice sluice-session "$SLUICE_BIN" 6452 session; sl_s=$started
-start_sluice sluice "$SLUICE_BIN" 6453 transaction; sl_t=$started
+start_pgbouncer session 6450; pgb_s=$started
+start_pgbouncer transaction 6451; pgb_t=$started
+start_upstream_sluice sluice-session "$SLUICE_BIN" 6452 session; sl_s=$started
+start_upstream_sluice sluice-transaction "$SLUICE_BIN" 6453 transaction; sl_t=$started
 if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
-  start_sluice baseline "$SLUICE_BASELINE_BIN" 6454 session; base=$started
+  start_upstream_sluice baseline "$SLUICE_BASELINE_BIN" 6454 session; base=$started
 fi
 
 echo
