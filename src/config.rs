@@ -115,6 +115,9 @@ pub struct ServerConfig {
     pub strict_clickhouse: Option<bool>,
     /// The share of `memory` the engine's queries may hold together; default 0.8.
     pub engine_memory_ratio: Option<f64>,
+    /// Threads client connections run on, each a runtime of its own (a connection stays on
+    /// one); default: the machine's cores; 0 runs them on one shared multi-threaded runtime.
+    pub connection_threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

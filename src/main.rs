@@ -353,9 +353,14 @@ fn serve(
         );
     }
     let upstream = upstream_options(config.upstream.as_ref(), upstream_flag)?;
+    let connection_threads = config
+        .server
+        .connection_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let options = sluice_server::ServerOptions {
         upstream,
         engine_memory_ratio,
+        connection_threads,
         throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
         config_statements: config.catalog.statements.clone(),
         users,
@@ -395,10 +400,11 @@ fn serve(
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         tracing::info!(
-            "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory)",
+            "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory, {} connection threads)",
             options.data_dir.display(),
             options.machine.cores,
-            options.machine.memory
+            options.machine.memory,
+            options.connection_threads
         );
         // What a newcomer types next.
         let bound = listener.local_addr().unwrap_or(addr);

@@ -446,3 +446,59 @@ async fn tls_to_the_upstream_as_sslmode_asks() {
         Ok(true)
     );
 }
+
+/// A pooled connection opened on one thread's current-thread runtime and lent on another's
+/// (sluice runs connections on a thread each) is moved to the borrower's runtime: it is the
+/// same upstream session, registered where it is used, and it keeps working after the
+/// runtime that opened it is gone.
+#[test]
+fn a_connection_lent_on_another_thread_moves_there() {
+    use sluice_engine::upstream::UpstreamPool;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path(), "pool", Auth::Trust);
+    let url = UpstreamUrl::parse(&format!(
+        "postgres://pool@127.0.0.1:{}/postgres?sslmode=disable&connect_timeout=5",
+        pg.port
+    ))
+    .expect("url");
+    let pool = UpstreamPool::new(url, 2);
+    let current_thread = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let backend_pid = |frames: Vec<Frame>| String::from_utf8_lossy(&frames[1].body).to_string();
+
+    let opener = pool.clone();
+    let first_pid = std::thread::spawn(move || {
+        let runtime = current_thread();
+        let pid = runtime.block_on(async {
+            let mut conn = opener.checkout().await.expect("opened");
+            assert!(conn.is_home());
+            let pid = backend_pid(run(&mut conn, "SELECT pg_backend_pid()").await);
+            drop(conn);
+            eventually("back idle", || opener.idle() == 1).await;
+            pid
+        });
+        // The runtime that opened the connection ends here, with it.
+        drop(runtime);
+        pid
+    })
+    .join()
+    .expect("the first thread");
+
+    let borrower = pool.clone();
+    std::thread::spawn(move || {
+        current_thread().block_on(async {
+            let mut conn = borrower.checkout().await.expect("lent");
+            assert!(conn.is_home(), "registered with the borrower's runtime");
+            let pid = backend_pid(run(&mut conn, "SELECT pg_backend_pid()").await);
+            assert_eq!(pid, first_pid, "the same upstream session, not a new one");
+            let frames = run(&mut conn, "SELECT 41 + 1").await;
+            assert_eq!(&frames[1].body[..], &data_row(&[Some("42")])[..]);
+        })
+    })
+    .join()
+    .expect("the second thread");
+}

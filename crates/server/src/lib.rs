@@ -10,6 +10,7 @@
 //!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY, memory
 //!   and CPU schedulers, rows streamed from the engine.
 //! - [`watch`]: noticing a client that went away while its statement waits or runs.
+//!   [`threads`]: the threads connections run on, one runtime each.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight.
 //! - [`disks`]: which disk a file is on, and the gate a statement's file IO waits at.
@@ -52,6 +53,7 @@ pub mod session;
 pub mod simulate;
 pub mod state;
 pub mod system;
+pub mod threads;
 pub mod watch;
 pub mod wire;
 
@@ -141,6 +143,7 @@ pub async fn serve(
         manager: manager.clone(),
         shared: shared.clone(),
     });
+    let threads = threads::ConnectionThreads::start(shared.options.connection_threads)?;
     tokio::pin!(shutdown);
     // The system tables exist from the start, so a client listing the catalog (psql's
     // `\dt system.*`) finds them before anything has read one.
@@ -164,28 +167,44 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let watch = watch::ClientWatch::new(&socket);
-                let connection = Arc::new(
-                    Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
-                );
-                let terminate = connection.terminate.clone();
-                // Upstream mode: the connection's loop forwards what is not sluice's own.
-                let forwarding = shared.upstream.as_ref().map(|u| {
-                    (forward::Forwarder::new(u.clone()), connection.clone())
-                });
-                let handlers = Arc::new(Handlers {
-                    startup: Arc::new(Startup::new(
-                        &shared.users,
-                        shared.tls_cert_pem.clone(),
-                        connection.clone(),
-                        manager.clone(),
-                    )),
-                    connection,
-                    cancel: cancel.clone(),
-                });
-                let tls = shared.tls.clone();
-                tracing::debug!("connection from {peer}");
-                tokio::spawn(async move {
+                // Handed to its thread unregistered; registered with that thread's runtime.
+                let socket = match socket.into_std() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("connection from {peer} not served: {e}");
+                        continue;
+                    }
+                };
+                let (shared, manager, cancel) = (shared.clone(), manager.clone(), cancel.clone());
+                threads.spawn(async move {
+                    let socket = match tokio::net::TcpStream::from_std(socket) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::warn!("connection from {peer} not served: {e}");
+                            return;
+                        }
+                    };
+                    let watch = watch::ClientWatch::new(&socket);
+                    let connection = Arc::new(
+                        Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
+                    );
+                    let terminate = connection.terminate.clone();
+                    // Upstream mode: the connection's loop forwards what is not sluice's own.
+                    let forwarding = shared.upstream.as_ref().map(|u| {
+                        (forward::Forwarder::new(u.clone()), connection.clone())
+                    });
+                    let handlers = Arc::new(Handlers {
+                        startup: Arc::new(Startup::new(
+                            &shared.users,
+                            shared.tls_cert_pem.clone(),
+                            connection.clone(),
+                            manager.clone(),
+                        )),
+                        connection,
+                        cancel,
+                    });
+                    let tls = shared.tls.clone();
+                    tracing::debug!("connection from {peer}");
                     if let Err(e) = wire::process_connection(socket, tls, handlers, terminate, forwarding).await {
                         tracing::debug!("connection from {peer} ended: {e}");
                     }

@@ -51,6 +51,9 @@ pub struct ServerOptions {
     /// `[upstream]` / `--upstream`: statements that are not sluice's own are forwarded there
     /// (`None`: the embedded engine runs them).
     pub upstream: Option<crate::forward::UpstreamOptions>,
+    /// `server.connection_threads`: threads client connections run on, a runtime each
+    /// ([`crate::threads`]); 0 runs them on the runtime `serve` is called on.
+    pub connection_threads: usize,
 }
 
 /// The share of the machine's memory the engine may use when the config says nothing: the
@@ -104,6 +107,7 @@ impl ServerOptions {
             strict_clickhouse: false,
             engine_memory_ratio: DEFAULT_ENGINE_MEMORY_RATIO,
             upstream: None,
+            connection_threads: 0,
         }
     }
 

@@ -42,6 +42,9 @@ async fn setup_with(pool_mode: PoolMode, pool_size: usize, admission: AdmissionM
             pool_mode,
             admission,
         }),
+        // As `sluice serve` runs by default: connections on threads of their own, with the
+        // upstream connections lent to them moved there.
+        connection_threads: 2,
         ..ServerOptions::new(
             data.path(),
             Machine {

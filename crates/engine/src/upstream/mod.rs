@@ -344,6 +344,18 @@ pub struct UpstreamConnection {
     pub dirty: bool,
     /// The `SET`s sluice last sent to carry a grant (so unchanged ones are not sent again).
     pub applied: String,
+    /// The thread whose runtime its socket is registered with, when that runtime is a
+    /// current-thread one (see [`UpstreamConnection::home`]).
+    home: Option<std::thread::ThreadId>,
+}
+
+/// The current thread, when it runs a current-thread runtime: a socket registered from here
+/// is served by this thread alone. `None` on a multi-threaded runtime (whose workers share
+/// one reactor, so where a socket was registered does not matter).
+fn current_home() -> Option<std::thread::ThreadId> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    (runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+        .then(|| std::thread::current().id())
 }
 
 impl UpstreamConnection {
@@ -380,6 +392,7 @@ impl UpstreamConnection {
             prepared: Default::default(),
             dirty: false,
             applied: String::new(),
+            home: current_home(),
         };
         let mut buf = BytesMut::new();
         frontend::startup_message(
@@ -538,6 +551,36 @@ impl UpstreamConnection {
     /// Whether the connection is still open and quiet, as an idle one must be: the upstream
     /// has not closed it (a restart, `pg_terminate_backend`) nor said anything unasked (a
     /// FATAL message before closing). Reads nothing if so.
+    /// Whether its socket is registered with the runtime of the current thread (or where it
+    /// is registered does not matter).
+    pub fn is_home(&self) -> bool {
+        let here = current_home();
+        here.is_none() || here == self.home
+    }
+
+    /// The connection with its socket registered with the current thread's runtime, so that
+    /// its readiness wakes this thread directly instead of through the thread it was opened
+    /// on (connections run on a thread each: `sluice_server::threads`). An encrypted
+    /// connection stays where it is (correct, one cross-thread wake-up a read slower).
+    pub fn at_home(mut self) -> std::io::Result<UpstreamConnection> {
+        if self.is_home() {
+            return Ok(self);
+        }
+        self.stream = match self.stream {
+            tls::Stream::Plain(socket) => {
+                tls::Stream::Plain(TcpStream::from_std(socket.into_std()?)?)
+            }
+            encrypted => {
+                return Ok(UpstreamConnection {
+                    stream: encrypted,
+                    ..self
+                })
+            }
+        };
+        self.home = current_home();
+        Ok(self)
+    }
+
     pub fn is_usable(&mut self) -> bool {
         if self.awaiting > 0 || !self.read.is_empty() {
             return false;

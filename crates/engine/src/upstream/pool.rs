@@ -113,13 +113,23 @@ impl UpstreamPool {
             })?
             .map_err(|_| Error::new(ErrorCode::Aborted, "The upstream pool is closed"))?;
         // The most recently used idle connection that is still alive (an upstream restart
-        // leaves closed ones behind: they are dropped here), else a new one.
+        // leaves closed ones behind: they are dropped here), one of this thread's first,
+        // else a new one.
         let idle = loop {
-            let next = inner.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let next = {
+                let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                match idle.iter().rposition(|c| c.is_home()) {
+                    Some(i) => Some(idle.remove(i)),
+                    None => idle.pop(),
+                }
+            };
             match next {
                 Some(mut conn) => {
                     if conn.is_usable() {
-                        break Some(conn);
+                        match conn.at_home() {
+                            Ok(conn) => break Some(conn),
+                            Err(e) => tracing::debug!("upstream connection dropped: {e}"),
+                        }
                     }
                 }
                 None => break None,
