@@ -7,6 +7,10 @@
 #
 #   bench/upstream_cpu.sh [SECONDS_PER_RUN] [RATE] [CLIENTS]     (defaults 10, 3000, 8)
 #
+# RATE=max runs pgbench unthrottled instead: each cell then shows "µs (TPS)", what the proxy
+# spends per transaction at saturation and the throughput it got (compare builds that way
+# only in interleaved runs: on a shared machine TPS moves with the neighbours).
+#
 # SLUICE_BIN=path uses that binary instead of building one; SLUICE_BASELINE_BIN=path adds a
 # second sluice (an older build) to the table. Needs pgbench, pgbouncer and PostgreSQL's server
 # binaries; loopback only, a temp dir.
@@ -29,13 +33,14 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # cpu_per_xact PID PORT PROTOCOL -> "µs_per_transaction transactions"
 cpu_per_xact() {
-  local pid=$1 port=$2 protocol=$3 before after out xacts opts=""
+  local pid=$1 port=$2 protocol=$3 before after out xacts opts="" throttle=()
+  [ "$rate" != max ] && throttle=(-R "$rate")
   [ "$port" -gt 6451 ] && opts='-c workload=bench'
   # A short warm-up: connections opened, statements prepared, caches filled.
-  PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T 2 -R "$rate" \
+  PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T 2 "${throttle[@]}" \
     -h 127.0.0.1 -p "$port" -U bench postgres >/dev/null 2>&1 || true
   before=$(ticks "$pid")
-  out=$(PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T "$seconds" -R "$rate" \
+  out=$(PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T "$seconds" "${throttle[@]}" \
       -h 127.0.0.1 -p "$port" -U bench postgres 2>&1 || true)
   after=$(ticks "$pid")
   xacts=$(echo "$out" | awk '/^number of transactions actually processed/ {print $6}' | cut -d/ -f1)
@@ -50,6 +55,11 @@ cpu_per_xact() {
     'BEGIN {printf "%.1f %d\n", t / hz * 1e6 / n, n}'
 }
 
+# cell µs TRANSACTIONS -> what a table cell shows
+cell() {
+  if [ "$rate" = max ]; then echo "$1 ($(($2 / seconds)))"; else echo "$1"; fi
+}
+
 echo "== PgBouncer ($(pgbouncer --version | head -1)), sluice ($SLUICE_BIN)" >&2
 start_pgbouncer session 6450; pgb_s=$started
 start_pgbouncer transaction 6451; pgb_t=$started
@@ -60,7 +70,7 @@ if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
 fi
 
 echo
-echo "CPU per transaction, pgbench -S at $rate TPS, $clients clients, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
+echo "CPU per transaction, pgbench -S at $rate TPS ($([ "$rate" = max ] && echo "µs (TPS) a cell" || echo "µs a cell")), $clients clients, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
 echo "PgBouncer 1.18 cannot run prepared statements in transaction pooling (pgbench's clients"
 echo "abort): that cell is \"fails\"."
@@ -68,20 +78,21 @@ echo
 echo "| protocol | PgBouncer session µs | sluice session µs |${SLUICE_BASELINE_BIN:+ baseline sluice session µs |} PgBouncer transaction µs | sluice transaction µs | sluice/PgBouncer session | transaction |"
 echo "|---|---|---|${SLUICE_BASELINE_BIN:+---|}---|---|---|---|"
 for protocol in simple prepared; do
-  read -r bs _ < <(cpu_per_xact "$pgb_s" 6450 "$protocol")
-  read -r ss _ < <(cpu_per_xact "$sl_s" 6452 "$protocol")
+  read -r bs bn < <(cpu_per_xact "$pgb_s" 6450 "$protocol")
+  read -r ss sn < <(cpu_per_xact "$sl_s" 6452 "$protocol")
   extra=""
   if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
-    read -r o _ < <(cpu_per_xact "$base" 6454 "$protocol")
-    extra=" $o |"
+    read -r o on < <(cpu_per_xact "$base" 6454 "$protocol")
+    extra=" $(cell "$o" "$on") |"
   fi
-  read -r st _ < <(cpu_per_xact "$sl_t" 6453 "$protocol")
+  read -r st tn < <(cpu_per_xact "$sl_t" 6453 "$protocol")
   if [ "$protocol" = prepared ]; then
-    bt=fails; rt="–"
+    btc=fails; rt="–"
   else
-    read -r bt _ < <(cpu_per_xact "$pgb_t" 6451 "$protocol")
+    read -r bt btn < <(cpu_per_xact "$pgb_t" 6451 "$protocol")
+    btc=$(cell "$bt" "$btn")
     rt=$(awk -v a="$st" -v b="$bt" 'BEGIN {printf "%.2f", a / b}')
   fi
   rs=$(awk -v a="$ss" -v b="$bs" 'BEGIN {printf "%.2f", a / b}')
-  echo "| $protocol | $bs | $ss |$extra $bt | $st | $rs | $rt |"
+  echo "| $protocol | $(cell "$bs" "$bn") | $(cell "$ss" "$sn") |$extra $btc | $(cell "$st" "$tn") | $rs | $rt |"
 done
