@@ -8,6 +8,10 @@
 #
 #   bench/upstream.sh [SECONDS_PER_RUN]      (default 10)
 #
+# ROUNDS=N (default 1) runs every cell's five targets N times in turn and reports the median
+# of each figure, and of the per-round ratios: on a machine whose neighbours come and go, two
+# runs side by side in the same round see the same noise, two minutes apart they do not.
+#
 # SLUICE_BIN=path uses that binary instead of building one. Needs pgbench, pgbouncer
 # (Debian's `pgbouncer`) and PostgreSQL's server binaries. Everything runs on loopback, in a
 # temp dir. Every pool (PgBouncer's and sluice's) is 64 connections, so session pooling can
@@ -17,6 +21,7 @@ cd "$(dirname "$0")/.."
 . bench/postgres.sh
 
 seconds="${1:-10}"
+rounds="${ROUNDS:-1}"
 need_tools pgbench initdb pg_ctl pgbouncer
 bench_dir
 pg_port=54339
@@ -60,8 +65,26 @@ run() {
 # whole TPS -> the figure rounded, its "!" (failed transactions) kept.
 whole() { local v=${1%!}; printf "%.0f%s" "$v" "${1#"$v"}"; }
 
+# col N RESULT… -> field N of each "tps p50 p99" result, one a line, a "!" dropped
+col() { local n=$1; shift; printf '%s\n' "$@" | awk -v n="$n" '{v = $n; sub(/!$/, "", v); print v}'; }
+# median of the numbers on stdin
+median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+# summary RESULT… -> "tps p50 p99", each the median over the rounds; "!" if any round had one
+summary() {
+  local mark
+  mark=$(printf '%s\n' "$@" | awk '$1 ~ /!$/ {m = "!"} END {print m}')
+  echo "$(col 1 "$@" | median)$mark $(col 2 "$@" | median) $(col 3 "$@" | median)"
+}
+# ratio A_RESULTS B_RESULTS -> the median over the rounds of A's TPS / B's TPS (the arrays
+# passed by name)
+ratio() {
+  local -n a=$1 b=$2
+  paste <(col 1 "${a[@]}") <(col 1 "${b[@]}") | awk '{printf "%.4f\n", $1 / $2}' | median |
+    awk '{printf "%.2f", $1}'
+}
+
 echo
-echo "pgbench -S, scale 10, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
+echo "pgbench -S, scale 10, ${seconds} s per run, $rounds round(s) (medians), $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
 echo "TPS marked ! : transactions failed or clients aborted in that run (not comparable)."
 echo
@@ -69,13 +92,22 @@ echo "| protocol | clients | pooling | direct TPS | PgBouncer TPS | sluice TPS |
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for mode in simple prepared; do
   for clients in 1 16 64; do
-    read -r d_tps d_p50 d_p99 < <(run "$pg_port" "$mode" "$clients")
+    direct=(); b_session=(); s_session=(); b_transaction=(); s_transaction=()
+    for _ in $(seq "$rounds"); do
+      direct+=("$(run "$pg_port" "$mode" "$clients")")
+      b_session+=("$(run 6441 "$mode" "$clients")")
+      s_session+=("$(run 6443 "$mode" "$clients")")
+      b_transaction+=("$(run 6442 "$mode" "$clients")")
+      s_transaction+=("$(run 6444 "$mode" "$clients")")
+    done
+    read -r d_tps d_p50 d_p99 < <(summary "${direct[@]}")
     for pooling in session transaction; do
-      case $pooling in session) bp=6441; sp=6443 ;; transaction) bp=6442; sp=6444 ;; esac
-      read -r b_tps b_p50 b_p99 < <(run "$bp" "$mode" "$clients")
-      read -r s_tps s_p50 s_p99 < <(run "$sp" "$mode" "$clients")
-      vs_b=$(awk -v a="${s_tps%!}" -v b="${b_tps%!}" 'BEGIN {printf "%.2f", a / b}')
-      vs_d=$(awk -v a="${s_tps%!}" -v b="${d_tps%!}" 'BEGIN {printf "%.2f", a / b}')
+      declare -n b_runs="b_$pooling" s_runs="s_$pooling"
+      read -r b_tps b_p50 b_p99 < <(summary "${b_runs[@]}")
+      read -r s_tps s_p50 s_p99 < <(summary "${s_runs[@]}")
+      vs_b=$(ratio "s_$pooling" "b_$pooling")
+      vs_d=$(ratio "s_$pooling" direct)
+      unset -n b_runs s_runs
       printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s / %s |\n" \
         "$mode" "$clients" "$pooling" "$(whole "$d_tps")" "$(whole "$b_tps")" "$(whole "$s_tps")" "$vs_b" "$vs_d" \
         "$b_p50" "$b_p99" "$s_p50" "$s_p99" "$d_p50" "$d_p99"

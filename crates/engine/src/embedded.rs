@@ -510,10 +510,11 @@ fn cannot_convert(
 
 /// `text` cut to its first `limit` characters, with an ellipsis and the length when cut.
 fn clipped(text: &str, limit: usize) -> String {
-    match text.char_indices().nth(limit) {
-        None => text.to_string(),
-        Some((end, _)) => format!("{}… ({} characters)", &text[..end], text.chars().count()),
+    let cut = sluice_sql::first_chars(text, limit);
+    if cut.len() == text.len() {
+        return text.to_string();
     }
+    format!("{cut}… ({} characters)", text.chars().count())
 }
 
 impl SessionInner {

@@ -185,7 +185,7 @@ impl LaneBook {
             return Ok(());
         };
         if entry.sample_query.is_empty() {
-            entry.sample_query = crate::record::first_chars(sample_query, 1000).to_string();
+            entry.sample_query = sluice_sql::first_chars(sample_query, 1000).to_string();
         }
         entry.runs += 1;
         entry.last_ms = run.ms;
@@ -226,7 +226,7 @@ impl LaneBook {
         let clock = state.clock;
         let entry = state.entries.entry(fingerprint.id.clone()).or_default();
         if entry.sample_query.is_empty() {
-            entry.sample_query = crate::record::first_chars(sample_query, 1000).to_string();
+            entry.sample_query = sluice_sql::first_chars(sample_query, 1000).to_string();
         }
         entry.demotions += 1;
         entry.fast_streak = 0;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use sluice_catalog::Demotion;
-use sluice_sql::{Error, ErrorCode, Fingerprint};
+use sluice_sql::{first_chars, Error, ErrorCode, Fingerprint};
 
 use crate::lanes::Run;
 use crate::query_log::{Outcome, Row};
@@ -102,17 +102,6 @@ impl RunRecord {
     }
 }
 
-/// The first `n` characters of `text` (a slice: no character-by-character copy).
-pub(crate) fn first_chars(text: &str, n: usize) -> &str {
-    if text.len() <= n {
-        return text; // no more bytes than n, so no more characters
-    }
-    match text.char_indices().nth(n) {
-        Some((end, _)) => &text[..end],
-        None => text,
-    }
-}
-
 impl Drop for RunRecord {
     fn drop(&mut self) {
         let outcome = self.outcome.take().unwrap_or(Outcome::Cancelled);
@@ -176,18 +165,5 @@ impl Drop for RunRecord {
             rows: self.rows,
             query: std::mem::take(&mut self.query),
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn first_chars_cuts_at_a_character_boundary() {
-        use super::first_chars;
-        assert_eq!(first_chars("select 1", 100), "select 1");
-        assert_eq!(first_chars("select 1", 6), "select");
-        assert_eq!(first_chars("ééé", 2), "éé");
-        assert_eq!(first_chars("ééé", 3), "ééé");
-        assert_eq!(first_chars("", 0), "");
     }
 }

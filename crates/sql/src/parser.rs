@@ -81,7 +81,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
 pub fn parse_script(sql: &str) -> Vec<ScriptStatement> {
     if sql.len() > MAX_INPUT_BYTES {
         return vec![ScriptStatement {
-            text: collapse_whitespace(&sql.chars().take(80).collect::<String>()) + " …",
+            text: collapse_whitespace(first_chars(sql, 80)) + " …",
             result: Err(Error::new(
                 ErrorCode::SyntaxError,
                 format!(
@@ -259,6 +259,18 @@ fn syntax_error(at: Position, what: &str) -> Error {
 /// Collapses every run of whitespace to one space and trims the ends.
 pub fn collapse_whitespace(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The first `n` characters of `text` (a slice: no character-by-character copy), for the
+/// texts a log, an error message or a system table shows cut.
+pub fn first_chars(text: &str, n: usize) -> &str {
+    if text.len() <= n {
+        return text; // no more bytes than n, so no more characters
+    }
+    match text.char_indices().nth(n) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
 }
 
 /// Maps tokenizer locations (1-based line, column in characters) back to byte offsets.
@@ -936,6 +948,16 @@ fn number_literal(text: &str, negative: bool) -> Literal {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn first_chars_cuts_at_a_character_boundary() {
+        use super::first_chars;
+        assert_eq!(first_chars("select 1", 100), "select 1");
+        assert_eq!(first_chars("select 1", 6), "select");
+        assert_eq!(first_chars("ééé", 2), "éé");
+        assert_eq!(first_chars("ééé", 3), "ééé");
+        assert_eq!(first_chars("", 0), "");
+    }
+
     use super::*;
 
     fn one(sql: &str) -> Statement {

@@ -345,7 +345,7 @@ pub struct UpstreamConnection {
     /// The `SET`s sluice last sent to carry a grant (so unchanged ones are not sent again).
     pub applied: String,
     /// The thread whose runtime its socket is registered with, when that runtime is a
-    /// current-thread one (see [`UpstreamConnection::home`]).
+    /// current-thread one (see [`UpstreamConnection::at_home`]).
     home: Option<std::thread::ThreadId>,
 }
 
@@ -548,9 +548,6 @@ impl UpstreamConnection {
         }
     }
 
-    /// Whether the connection is still open and quiet, as an idle one must be: the upstream
-    /// has not closed it (a restart, `pg_terminate_backend`) nor said anything unasked (a
-    /// FATAL message before closing). Reads nothing if so.
     /// Whether its socket is registered with the runtime of the current thread (or where it
     /// is registered does not matter).
     pub fn is_home(&self) -> bool {
@@ -581,6 +578,9 @@ impl UpstreamConnection {
         Ok(self)
     }
 
+    /// Whether the connection is still open and quiet, as an idle one must be: the upstream
+    /// has not closed it (a restart, `pg_terminate_backend`) nor said anything unasked (a
+    /// FATAL message before closing). Reads nothing if so.
     pub fn is_usable(&mut self) -> bool {
         if self.awaiting > 0 || !self.read.is_empty() {
             return false;

@@ -11,6 +11,10 @@
 //! - A connection given back inside a transaction (status `T` or `E`: its client went away
 //!   mid-transaction) is rolled back before it is reset; one whose reset fails, or that was
 //!   lost, is closed and its place freed — never lent again.
+//! - A connection is lent registered with the borrower's runtime when that is a current-thread
+//!   one (sluice runs connections on a thread each): an idle connection of the borrower's
+//!   thread is lent first, another is moved there (unencrypted ones; an encrypted one stays
+//!   registered where it was opened, which works, a wake-up slower).
 //! - While the upstream cannot be reached, a checkout fails at once with
 //!   ALL_CONNECTION_TRIES_FAILED (08006) naming the upstream, instead of every client waiting
 //!   out the connect timeout: after a failed connect the pool waits (backoff doubling from
