@@ -12,8 +12,8 @@
 //! Invariants:
 //! - A connection's socket is registered with the runtime of the thread it runs on (it is
 //!   handed over unregistered, and registered there).
-//! - With `n = 0` connections run on the runtime that accepted them, as tasks of it (tests
-//!   with tokio's paused clock rely on this: another runtime's clock is not paused).
+//! - With `n = 0` connections run on the runtime that accepted them, as tasks of it (the
+//!   runtime the caller of `serve` chose: a test's, with whatever clock it set).
 //! - Dropping [`ConnectionThreads`] ends every thread's runtime, dropping the connections
 //!   still on it (their statements release what they hold as on any disconnect).
 

@@ -352,7 +352,7 @@ pub struct UpstreamConnection {
 /// The current thread, when it runs a current-thread runtime: a socket registered from here
 /// is served by this thread alone. `None` on a multi-threaded runtime (whose workers share
 /// one reactor, so where a socket was registered does not matter).
-fn current_home() -> Option<std::thread::ThreadId> {
+pub fn current_home() -> Option<std::thread::ThreadId> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     (runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
         .then(|| std::thread::current().id())
@@ -551,7 +551,11 @@ impl UpstreamConnection {
     /// Whether its socket is registered with the runtime of the current thread (or where it
     /// is registered does not matter).
     pub fn is_home(&self) -> bool {
-        let here = current_home();
+        self.is_home_at(current_home())
+    }
+
+    /// [`UpstreamConnection::is_home`] with the current thread's [`current_home`] at hand.
+    pub fn is_home_at(&self, here: Option<std::thread::ThreadId>) -> bool {
         here.is_none() || here == self.home
     }
 

@@ -119,10 +119,11 @@ impl UpstreamPool {
         // The most recently used idle connection that is still alive (an upstream restart
         // leaves closed ones behind: they are dropped here), one of this thread's first,
         // else a new one.
+        let here = super::current_home();
         let idle = loop {
             let next = {
                 let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
-                match idle.iter().rposition(|c| c.is_home()) {
+                match idle.iter().rposition(|c| c.is_home_at(here)) {
                     Some(i) => Some(idle.remove(i)),
                     None => idle.pop(),
                 }
