@@ -24,7 +24,7 @@ pub struct RunRecord {
     user: String,
     /// Where it was admitted (a learned lane, or the workload it asked for).
     initial_workload: String,
-    fingerprint: Fingerprint,
+    fingerprint: Arc<Fingerprint>,
     query: String,
     arrived: SystemTime,
     arrived_at: Instant,
@@ -43,7 +43,7 @@ impl RunRecord {
         query_id: u64,
         user: &str,
         initial_workload: &str,
-        fingerprint: Fingerprint,
+        fingerprint: Arc<Fingerprint>,
         query: &str,
         judged_by: Option<Demotion>,
     ) -> RunRecord {
@@ -155,7 +155,7 @@ impl Drop for RunRecord {
             workload,
             initial_workload: std::mem::take(&mut self.initial_workload),
             classifier: self.classifier.take(),
-            fingerprint: std::mem::take(&mut self.fingerprint.id),
+            fingerprint: self.fingerprint.id.clone(),
             arrived: self.arrived,
             admitted: self.admitted.as_ref().map(|_| self.arrived + queued),
             queued_ms: queued.as_millis() as u64,

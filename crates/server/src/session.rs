@@ -203,9 +203,9 @@ pub struct Connection {
     pub terminate: Arc<tokio::sync::Notify>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
-    /// The fingerprints of the texts this connection ran lately: a client repeats its
-    /// statements, and a fingerprint costs a second lexing pass.
-    fingerprints: Mutex<HashMap<String, sluice_sql::Fingerprint>>,
+    /// The fingerprints of the statements this connection ran lately, by text with literals
+    /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
+    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>>>,
     /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
     peer: Option<std::net::IpAddr>,
     /// The database named at start-up, for classifiers' `database`.
@@ -886,7 +886,7 @@ impl Connection {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
-        let fingerprint = self.fingerprint_of(&query.text);
+        let fingerprint = self.fingerprint_of(query);
         let classified = match chosen {
             Some(_) => None,
             None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
@@ -925,16 +925,19 @@ impl Connection {
         .await
     }
 
-    fn fingerprint_of(&self, text: &str) -> sluice_sql::Fingerprint {
+    /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
+    /// statement run with new values each time (most are) is lexed for it once.
+    fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
+        let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
         let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = kept.get(text) {
+        if let Some(f) = kept.get(key.as_ref()) {
             return f.clone();
         }
-        let f = sluice_sql::fingerprint(text);
+        let f = Arc::new(sluice_sql::fingerprint(&query.text));
         if kept.len() >= FINGERPRINTS_KEPT {
             kept.clear();
         }
-        kept.insert(text.to_string(), f.clone());
+        kept.insert(key.into_owned(), f.clone());
         f
     }
 

@@ -9,6 +9,7 @@
 //! that text, written as 16 hex digits: stable across runs, versions and machines, so a data
 //! dir's learned lanes keep their meaning.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::statement::{lex, TokenKind, Tokens};
@@ -207,9 +208,98 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
+/// A key for caching `text`'s fingerprint: the text with each literal span (`literals`, byte
+/// ranges in `text` as [`crate::Query::literals`] gives them) cut out and marked. Texts with
+/// one key have one fingerprint, since the fingerprint turns every literal into `?` whatever
+/// it holds; so a report that runs with new values each time is fingerprinted once. Spans that
+/// do not fall on character boundaries in order give the whole text as its key.
+pub fn fingerprint_key<'a>(text: &'a str, literals: &[Range<usize>]) -> Cow<'a, str> {
+    if literals.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    let mut key = String::with_capacity(text.len());
+    let mut at = 0;
+    for span in literals {
+        let Some(before) = text.get(at..span.start).filter(|_| span.start <= span.end) else {
+            return Cow::Borrowed(text);
+        };
+        key.push_str(before);
+        // NUL: never in a statement's text, so no literal-free text can look like a key.
+        key.push('\0');
+        at = span.end;
+    }
+    match text.get(at..) {
+        Some(rest) => key.push_str(rest),
+        None => return Cow::Borrowed(text),
+    }
+    Cow::Owned(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn query(text: &str) -> crate::Query {
+        match crate::statement(text) {
+            Ok(Some(crate::ClientStatement::Query(q))) => q,
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cache_key_stands_for_one_fingerprint() {
+        // Each group: the same statement with other values; keys and fingerprints agree.
+        let groups: &[&[&str]] = &[
+            &[
+                "SELECT abalance FROM pgbench_accounts WHERE aid = 1",
+                "SELECT abalance FROM pgbench_accounts WHERE aid = 98765",
+            ],
+            &[
+                "select * from t where s = 'a''b' and d = $$x;y$$ and n = 1.5e3 /* app='r' */",
+                "select * from t where s = 'zz' and d = $$$$ and n = 7 /* app='r' */",
+            ],
+            &["SELECT 'x' || 'y'", "SELECT '' || 'long; text'"],
+        ];
+        let mut keys = Vec::new();
+        for group in groups {
+            let of = |t: &str| {
+                let q = query(t);
+                (
+                    fingerprint_key(&q.text, &q.literals).into_owned(),
+                    fingerprint(&q.text),
+                )
+            };
+            let (key, f) = of(group[0]);
+            for text in &group[1..] {
+                assert_eq!(of(text), (key.clone(), f.clone()), "{text}");
+            }
+            keys.push(key);
+        }
+        // Other statements, other keys: a changed comment (its tags), list length, or word.
+        for (a, b) in [
+            ("SELECT 1 /* app='r' */", "SELECT 1 /* app='s' */"),
+            (
+                "SELECT * FROM t WHERE a IN (1, 2)",
+                "SELECT * FROM t WHERE a IN (1)",
+            ),
+            ("SELECT a FROM t WHERE a = 1", "SELECT b FROM t WHERE a = 1"),
+        ] {
+            let (qa, qb) = (query(a), query(b));
+            assert_ne!(
+                fingerprint_key(&qa.text, &qa.literals),
+                fingerprint_key(&qb.text, &qb.literals),
+                "{a} / {b}"
+            );
+        }
+        // No literals: the text itself, borrowed.
+        assert!(matches!(
+            fingerprint_key("SELECT now()", &[]),
+            Cow::Borrowed(_)
+        ));
+        // Spans out of order or off the text: the whole text.
+        assert_eq!(fingerprint_key("SELECT 1", &[7..8, 2..3]), "SELECT 1");
+        assert_eq!(fingerprint_key("SELECT 1", &[7..9]), "SELECT 1");
+    }
 
     #[test]
     fn values_comments_case_and_lists_are_normalized_away() {

@@ -30,7 +30,7 @@ pub use ast::{
     SettingChange, Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
-pub use fingerprint::{fingerprint, Fingerprint};
+pub use fingerprint::{fingerprint, fingerprint_key, Fingerprint};
 pub use parser::{
     collapse_whitespace, first_chars, mentions, parse_script, parse_statement, split_settings,
     QueryMarkup, ScriptStatement,

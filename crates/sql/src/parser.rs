@@ -156,9 +156,15 @@ pub struct QueryMarkup {
 /// that does not tokenize is returned unchanged, for the engine to report.
 /// Whether `text` contains `needle`, ASCII case ignored; no allocation (it runs on every query).
 pub fn mentions(text: &str, needle: &str) -> bool {
+    let needle = needle.as_bytes();
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    // The first byte alone rules out almost every place (a byte compare, not a case fold).
     text.as_bytes()
         .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+        .any(|w| (w[0] == lower || w[0] == upper) && w[1..].eq_ignore_ascii_case(rest))
 }
 
 pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
