@@ -125,7 +125,7 @@ mod tests {
         assert!(Instant::now() >= start + WATCH_AFTER);
         // The next statement moves the same timer on.
         let kept = |w: &ClientWatch| {
-            let timer = w.timer.lock().unwrap();
+            let timer = w.timer.lock().expect("not poisoned");
             timer.as_ref().map(|t| t.deadline())
         };
         assert_eq!(kept(&watch), Some(start + WATCH_AFTER));
