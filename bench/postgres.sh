@@ -14,7 +14,8 @@
 #   start_upstream_sluice NAME BIN PORT MODE
 #                             sluice --upstream to $pg_port (pool_mode MODE, 64 connections)
 #                             with a three-level tree (all > prod > bench, a QUERY resource);
-#                             its pid in $started (and in $pids)
+#                             its pid in $started (and in $pids); $SLUICE_WRAPPER, if set,
+#                             is the command it runs under (valgrind …)
 export PATH="$PATH:/usr/local/bin:/usr/sbin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
 
 as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
@@ -130,11 +131,12 @@ CREATE WORKLOAD bench IN prod;
 CREATE WORKLOAD dev IN all SETTINGS priority = 1;
 """
 TOML
-  "$bin" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" --data-dir "$dir/data" \
-    >/dev/null 2>"$dir.log" &
+  # shellcheck disable=SC2086 # the wrapper is a command with its arguments
+  ${SLUICE_WRAPPER:-} "$bin" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" \
+    --data-dir "$dir/data" >/dev/null 2>"$dir.log" &
   started=$!
   pids+=("$started")
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do
     grep -q "listening on" "$dir.log" 2>/dev/null && return
     sleep 0.1
   done

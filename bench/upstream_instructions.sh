@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# sluice's user-space instructions per forwarded transaction (valgrind's callgrind): pgbench -S
+# through sluice in upstream mode (session pooling, the three-level tree), simple and prepared.
+# Instruction counts do not move with the machine's load the way CPU time and TPS do on a
+# shared host (repeat runs agree within ~2%), so this is the figure that tells whether a change
+# to the per-statement path made it cheaper; the kernel's share (the sends, the wakeups) is not
+# in it: bench/upstream_cpu.sh shows the whole.
+#
+#   bench/upstream_instructions.sh [TRANSACTIONS_PER_CLIENT]      (default 1000, 4 clients)
+#
+# SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it.
+# Needs valgrind, pgbench and PostgreSQL's server binaries; loopback only, a temp dir.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/postgres.sh
+
+per_client="${1:-1000}"
+clients=4
+need_tools pgbench initdb pg_ctl valgrind callgrind_control
+bench_dir
+pg_port=54342
+release_sluice
+start_pgbench_postgres "$pg_port" 50
+
+# instructions BIN PROTOCOL -> instructions per transaction, counted after a warm-up
+instructions() {
+  local bin=$1 protocol=$2 out="$work/callgrind.$RANDOM"
+  SLUICE_WRAPPER="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out" \
+    start_upstream_sluice "cg-$RANDOM" "$bin" 6455 session
+  local pid=$started run=(pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -h 127.0.0.1 -p 6455 -U bench postgres)
+  PGOPTIONS='-c workload=bench' "${run[@]}" -t 200 >/dev/null 2>&1
+  callgrind_control -i on "$pid" >/dev/null 2>&1
+  PGOPTIONS='-c workload=bench' "${run[@]}" -t "$per_client" >/dev/null 2>&1
+  callgrind_control -i off "$pid" >/dev/null 2>&1
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  sleep 1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  cat "$out"* | awk -v n=$((clients * per_client)) \
+    '/^totals:/ {if ($2 > m) m = $2} END {printf "%d\n", m / n}'
+}
+
+echo
+echo "sluice's user-space instructions per transaction (callgrind), pgbench -S, $clients clients × $per_client transactions, session pooling, $(date -u +%Y-%m-%d)"
+echo
+echo "| protocol | sluice |${SLUICE_BASELINE_BIN:+ baseline | sluice/baseline |}"
+echo "|---|---|${SLUICE_BASELINE_BIN:+---|---|}"
+for protocol in simple prepared; do
+  now=$(instructions "$SLUICE_BIN" "$protocol")
+  if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
+    base=$(instructions "$SLUICE_BASELINE_BIN" "$protocol")
+    echo "| $protocol | $now | $base | $(awk -v a="$now" -v b="$base" 'BEGIN {printf "%.2f", a / b}') |"
+  else
+    echo "| $protocol | $now |"
+  fi
+done
