@@ -92,9 +92,11 @@ impl ClientWatch {
         }
     }
 
-    /// Completes at `due` or later, on the connection's timer. One statement waits on it at a
-    /// time; should two overlap, the timer goes to the later deadline and the earlier waiter
-    /// completes then (late, never early).
+    /// Completes at `due` or later, on the connection's timer. Its waits come from the
+    /// statement in progress (admission, then the run's stop), all polled by the connection's
+    /// task, one at a time; should two of that task overlap, the timer goes to the later
+    /// deadline and the earlier wait completes then (late, never early). The timer wakes only
+    /// the task that polled it last: a wait polled from another task would need its own.
     async fn until(&self, due: Instant) {
         std::future::poll_fn(|cx| {
             if Instant::now() >= due {
