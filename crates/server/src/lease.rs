@@ -125,11 +125,11 @@ impl sluice_engine::CpuLease for SlotLease {
         let permit = if slot == 0 {
             next.await?
         } else {
-            match tokio::time::timeout(self.downscale_after, next).await {
-                Ok(permit) => permit?,
-                Err(_) => {
-                    // Preempted too long: the request is withdrawn (dropped with the timeout's
-                    // future) and the statement goes on with one thread fewer.
+            match within(self.downscale_after, next).await {
+                Some(permit) => permit?,
+                None => {
+                    // Preempted too long: the request is withdrawn (or the late grant dropped)
+                    // and the statement goes on with one thread fewer.
                     self.given_up[slot].store(true, Ordering::Relaxed);
                     tracing::debug!(slot, workload = %workload, "worker CPU slot given up after {:?} preempted", self.downscale_after);
                     return Ok(());
@@ -148,5 +148,42 @@ impl sluice_engine::CpuLease for SlotLease {
                 cpu_slot: Some(slot),
             });
         Ok(())
+    }
+}
+
+/// `wait` if it completes within `limit` of now, by the clock, not just by the timer: on an
+/// engine runtime whose threads are all busy with CPU-bound partitions the timer is turned
+/// late, and a grant arriving after the limit but before the timer fired would otherwise count
+/// as in time (a worker slot preempted for longer than the timeout kept for good).
+async fn within<T>(limit: Duration, wait: impl std::future::Future<Output = T>) -> Option<T> {
+    let started = tokio::time::Instant::now();
+    match tokio::time::timeout(limit, wait).await {
+        Ok(value) if started.elapsed() < limit => Some(value),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_is_in_time_only_if_the_clock_says_so() {
+        let limit = Duration::from_millis(200);
+        assert_eq!(within(limit, async { 1 }).await, Some(1));
+        let in_time = async {
+            tokio::time::sleep(Duration::from_millis(199)).await;
+            2
+        };
+        assert_eq!(within(limit, in_time).await, Some(2));
+        let never = std::future::pending::<()>();
+        assert_eq!(within(limit, never).await, None);
+        // Completes on its first poll, but only after the limit has passed (a runtime too busy
+        // to turn its timer in time): too late all the same.
+        let late = async {
+            tokio::time::advance(Duration::from_millis(250)).await;
+            3
+        };
+        assert_eq!(within(limit, late).await, None);
     }
 }
