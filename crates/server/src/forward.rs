@@ -34,11 +34,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
-use futures::{SinkExt, StreamExt};
+use futures::SinkExt;
 use pgwire::api::ClientInfo;
 use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::extendedquery::{
-    Bind, Close, Describe, Execute, Flush, Parse, Sync as SyncMessage, TARGET_TYPE_BYTE_PORTAL,
+    Close, Describe, Flush, Parse, Sync as SyncMessage, TARGET_TYPE_BYTE_PORTAL,
     TARGET_TYPE_BYTE_STATEMENT,
 };
 use pgwire::messages::response::TransactionStatus;
@@ -53,7 +53,7 @@ use tokio_util::codec::Framed;
 
 use crate::record::RunRecord;
 use crate::session::{Admitted, Connection};
-use crate::wire::Corked;
+use crate::wire::{next_incoming, Corked, Incoming};
 
 /// `[upstream]` / `--upstream`.
 #[derive(Debug, Clone)]
@@ -352,16 +352,20 @@ pub enum Step {
         name: String,
         prepared: Arc<Prepared>,
     },
+    /// A Bind as the client sent it (type, length, body); `statement`: where the statement's
+    /// name is in it (without its NUL), renamed in transaction pooling.
     Bind {
-        bind: Bind,
+        frame: BytesMut,
+        statement: std::ops::Range<usize>,
         prepared: Option<Arc<Prepared>>,
     },
     DescribeStatement {
         name: String,
         prepared: Option<Arc<Prepared>>,
     },
+    /// An Execute as the client sent it.
     Execute {
-        execute: Execute,
+        frame: BytesMut,
         prepared: Option<Arc<Prepared>>,
     },
     /// Describe or Close of a portal: passed as it is.
@@ -379,6 +383,16 @@ pub enum Routed {
     /// sluice answers it (pgwire's handlers, as without an upstream).
     Local(PgWireFrontendMessage),
     Upstream(Step),
+}
+
+/// What routing made of a message read whole ([`Forwarder::route_raw`]).
+#[derive(Debug)]
+pub enum RoutedRaw {
+    Upstream(Step),
+    /// sluice answers it: its bytes, to decode.
+    Local(BytesMut),
+    /// Its names are cut short or not UTF-8: a protocol violation, never passed to a decoder.
+    Malformed,
 }
 
 /// How the answer to one message sent upstream is handled, in the order sent.
@@ -595,21 +609,6 @@ impl Forwarder {
                     }
                 }
             }
-            PgWireFrontendMessage::Bind(b) => {
-                let portal = name(&b.portal_name);
-                if self.local_statements.contains(&name(&b.statement_name)) {
-                    self.portals.remove(&portal);
-                    self.local_portals.insert(portal);
-                    return Routed::Local(PgWireFrontendMessage::Bind(b));
-                }
-                self.local_portals.remove(&portal);
-                let prepared = self.statements.get(&name(&b.statement_name)).cloned();
-                match &prepared {
-                    Some(p) => self.portals.insert(portal, p.clone()),
-                    None => self.portals.remove(&portal),
-                };
-                Step::Bind { bind: b, prepared }
-            }
             PgWireFrontendMessage::Describe(d) => {
                 let target = name(&d.name);
                 let portal = d.target_type == TARGET_TYPE_BYTE_PORTAL;
@@ -639,21 +638,17 @@ impl Forwarder {
                     Step::CloseStatement { name: target }
                 }
             }
-            PgWireFrontendMessage::Execute(e) => {
-                let portal = name(&e.name);
-                if self.local_portals.contains(&portal) {
-                    return Routed::Local(PgWireFrontendMessage::Execute(e));
-                }
-                Step::Execute {
-                    prepared: self.portals.get(&portal).cloned(),
-                    execute: e,
-                }
-            }
-            PgWireFrontendMessage::Sync(s) => {
-                if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
-                    return Routed::Local(PgWireFrontendMessage::Sync(s));
-                }
-                Step::Sync
+            // Read whole by the connection loop; decoded only when it came so (start-up's
+            // reads): the same rules.
+            PgWireFrontendMessage::Bind(_)
+            | PgWireFrontendMessage::Execute(_)
+            | PgWireFrontendMessage::Sync(_) => {
+                let mut frame = BytesMut::new();
+                encode_frontend(&message, &mut frame);
+                return match self.route_frame(frame) {
+                    Ok(step) => Routed::Upstream(step),
+                    Err(_) => Routed::Local(message),
+                };
             }
             PgWireFrontendMessage::Flush(f) => {
                 if self.pending.is_empty() {
@@ -664,6 +659,67 @@ impl Forwarder {
             other => return Routed::Local(other),
         };
         Routed::Upstream(step)
+    }
+
+    /// Where a Bind, Execute or Sync read whole (`frame`: type, length, body) goes, by the
+    /// rules of [`Forwarder::route`]: upstream as the bytes it is, or back to be decoded and
+    /// answered by sluice; one whose names cannot be read is [`RoutedRaw::Malformed`].
+    pub fn route_raw(&mut self, frame: BytesMut) -> RoutedRaw {
+        match self.route_frame(frame) {
+            Ok(step) => RoutedRaw::Upstream(step),
+            Err(Some(frame)) => RoutedRaw::Local(frame),
+            Err(None) => RoutedRaw::Malformed,
+        }
+    }
+
+    fn route_frame(&mut self, frame: BytesMut) -> Result<Step, Option<BytesMut>> {
+        match frame.first() {
+            Some(b'B') => {
+                let Some((portal, statement)) = bind_names(&frame) else {
+                    return Err(None);
+                };
+                let portal_name = utf8(&frame[portal]);
+                let statement_name = utf8(&frame[statement.clone()]);
+                let (Some(portal_name), Some(statement_name)) = (portal_name, statement_name)
+                else {
+                    return Err(None);
+                };
+                if self.local_statements.contains(statement_name) {
+                    self.portals.remove(portal_name);
+                    self.local_portals.insert(portal_name.to_string());
+                    return Err(Some(frame));
+                }
+                self.local_portals.remove(portal_name);
+                let prepared = self.statements.get(statement_name).cloned();
+                match &prepared {
+                    Some(p) => self.portals.insert(portal_name.to_string(), p.clone()),
+                    None => self.portals.remove(portal_name),
+                };
+                Ok(Step::Bind {
+                    frame,
+                    statement,
+                    prepared,
+                })
+            }
+            Some(b'E') => {
+                let portal = cstring_at(&frame, 5).and_then(|r| utf8(&frame[r]));
+                let Some(portal) = portal else {
+                    return Err(None);
+                };
+                if self.local_portals.contains(portal) {
+                    return Err(Some(frame));
+                }
+                let prepared = self.portals.get(portal).cloned();
+                Ok(Step::Execute { frame, prepared })
+            }
+            Some(b'S') => {
+                if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
+                    return Err(Some(frame));
+                }
+                Ok(Step::Sync)
+            }
+            _ => Err(Some(frame)),
+        }
     }
 
     /// Completes with what the upstream sends on a connection this client holds while the
@@ -1282,7 +1338,8 @@ impl Forwarder {
         let mut out = BytesMut::new();
         let mut done = false;
         loop {
-            let Some(Ok(message)) = socket.next().await else {
+            // Every message whole: CopyData goes upstream as it came.
+            let Some(Ok(Incoming::Raw(frame))) = next_incoming(socket, |_| true).await else {
                 // The client went away mid-COPY: the upstream is told to abandon it (so the
                 // table is as it was), and the connection is reset when it goes back.
                 let mut fail = BytesMut::new();
@@ -1295,16 +1352,16 @@ impl Forwarder {
                 }
                 return Err(std::io::ErrorKind::ConnectionAborted.into());
             };
-            let last = match &message {
-                PgWireFrontendMessage::CopyData(_) => false,
-                PgWireFrontendMessage::CopyDone(_) | PgWireFrontendMessage::CopyFail(_) => {
+            let last = match frame[0] {
+                // CopyDone, CopyFail; in the extended protocol the Sync after them.
+                b'c' | b'f' => {
                     done = true;
                     !extended
                 }
-                PgWireFrontendMessage::Sync(_) => done,
+                b'S' => done,
                 _ => false,
             };
-            let _ = message.encode(&mut out);
+            out.extend_from_slice(&frame);
             if last || out.len() >= 64 * 1024 {
                 let lent = self.lent.as_mut().expect("lent while copying");
                 if let Err(e) = lent.send(&out).await {
@@ -1389,18 +1446,21 @@ fn translate(
                 answers.push_back(Expect::relay(Ends::One));
             }
         }
-        Step::Bind { mut bind, prepared } => {
-            if let (true, Some(p)) = (pooled, &prepared) {
-                let statement = bind.statement_name.clone().unwrap_or_default();
-                if !statement.is_empty() {
-                    ensure(p, Answer::Prepare, lent, out, answers);
-                    bind.statement_name = Some(p.pooled_name.clone());
-                }
-            }
+        Step::Bind {
+            frame,
+            statement,
+            prepared,
+        } => {
             if let Some(p) = &prepared {
                 *dirty |= p.forwarded.changes_session;
             }
-            encode(&bind, out);
+            match &prepared {
+                Some(p) if pooled && !statement.is_empty() => {
+                    ensure(p, Answer::Prepare, lent, out, answers);
+                    renamed_bind(&frame, statement, &p.pooled_name, out);
+                }
+                _ => out.extend_from_slice(&frame),
+            }
             answers.push_back(Expect::relay(Ends::One));
         }
         Step::DescribeStatement { name, prepared } => {
@@ -1417,8 +1477,8 @@ fn translate(
             );
             answers.push_back(Expect::relay(Ends::Description));
         }
-        Step::Execute { execute, .. } => {
-            encode(&execute, out);
+        Step::Execute { frame, .. } => {
+            out.extend_from_slice(&frame);
             answers.push_back(Expect::relay(Ends::Execution));
         }
         Step::Portal(message, ends) => {
@@ -1517,6 +1577,42 @@ fn rows_of(frame: &Frame) -> usize {
         .unwrap_or(0)
 }
 
+/// The message types the connection loop reads whole for a forwarding client, not decoded
+/// ([`crate::wire::Incoming::Raw`]): the Bind, Execute and Sync of every extended-protocol
+/// round trip, passed upstream as they came ([`Forwarder::route_raw`]).
+pub fn passes_whole(tag: u8) -> bool {
+    matches!(tag, b'B' | b'E' | b'S')
+}
+
+/// Where the NUL-terminated string starting at `at` in `frame` is (without its NUL).
+fn cstring_at(frame: &[u8], at: usize) -> Option<std::ops::Range<usize>> {
+    let rest = frame.get(at..)?;
+    let len = rest.iter().position(|&b| b == 0)?;
+    Some(at..at + len)
+}
+
+/// A Bind's portal and statement names (after the type and length).
+fn bind_names(frame: &[u8]) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let portal = cstring_at(frame, 5)?;
+    let statement = cstring_at(frame, portal.end + 1)?;
+    Some((portal, statement))
+}
+
+/// The Bind `frame` with its statement's name (at `statement`) replaced by `name`.
+fn renamed_bind(frame: &[u8], statement: std::ops::Range<usize>, name: &str, out: &mut BytesMut) {
+    let length = frame.len() - 1 - statement.len() + name.len();
+    out.reserve(1 + length);
+    out.extend_from_slice(b"B");
+    out.extend_from_slice(&(length as u32).to_be_bytes());
+    out.extend_from_slice(&frame[5..statement.start]);
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&frame[statement.end..]);
+}
+
+fn utf8(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}
+
 /// A backend message as the upstream sent it, to the client.
 async fn write_frame<S, T>(socket: &mut Socket<S, T>, frame: &Frame) -> ClientResult<()>
 where
@@ -1544,6 +1640,11 @@ fn encode<M: Message>(message: &M, out: &mut BytesMut) {
     let _ = message.encode(out);
 }
 
+fn encode_frontend(message: &PgWireFrontendMessage, out: &mut BytesMut) {
+    // As `encode`.
+    let _ = message.encode(out);
+}
+
 /// Sends a pgwire error as an ErrorResponse (no ReadyForQuery).
 async fn send_error<S, T>(socket: &mut Socket<S, T>, e: PgWireError) -> ClientResult<()>
 where
@@ -1566,4 +1667,56 @@ fn error_bytes(e: &Error) -> BytesMut {
         let _ = PgWireBackendMessage::ErrorResponse((*info).into()).encode(&mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire::messages::extendedquery::Bind;
+    use pgwire::messages::DecodeContext;
+
+    fn decoded(frame: &mut BytesMut) -> Bind {
+        let mut context = DecodeContext::new(Default::default());
+        context.awaiting_frontend_ssl = false;
+        context.awaiting_frontend_startup = false;
+        match PgWireFrontendMessage::decode(frame, &context) {
+            Ok(Some(PgWireFrontendMessage::Bind(bind))) => bind,
+            other => panic!("not a Bind: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bind_read_whole_is_renamed_and_otherwise_unchanged() {
+        let bind = Bind::new(
+            Some("portal".into()),
+            Some("s1".into()),
+            vec![1],
+            vec![Some(bytes::Bytes::from_static(b"\0\x01")), None],
+            vec![0, 1],
+        );
+        let mut frame = BytesMut::new();
+        encode(&bind, &mut frame);
+        let (portal, statement) = bind_names(&frame).expect("names");
+        assert_eq!(
+            (&frame[portal], &frame[statement.clone()]),
+            (&b"portal"[..], &b"s1"[..])
+        );
+        let mut out = BytesMut::new();
+        renamed_bind(&frame, statement, "sluice_0123456789abcdef", &mut out);
+        let mut renamed = decoded(&mut out);
+        assert!(out.is_empty(), "exactly one message");
+        assert_eq!(
+            renamed.statement_name.as_deref(),
+            Some("sluice_0123456789abcdef")
+        );
+        renamed.statement_name = bind.statement_name.clone();
+        assert_eq!(renamed, bind);
+    }
+
+    #[test]
+    fn names_without_their_nul_are_not_read() {
+        assert!(bind_names(b"B\0\0\0\x08p\0s").is_none());
+        assert!(cstring_at(b"E\0\0\0\x05", 5).is_none());
+        assert_eq!(cstring_at(b"E\0\0\0\x09\0\0\0\0\0", 5), Some(5..5));
+    }
 }

@@ -20,15 +20,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::BytesMut;
 use futures::StreamExt;
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
-use pgwire::error::ErrorInfo;
+use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
-use pgwire::tokio::server::{negotiate_tls, process_error, process_message, MaybeTls};
+use pgwire::tokio::server::{
+    negotiate_tls, process_error, process_message, MaybeTls, PgWireMessageServerCodec,
+};
 use pgwire::tokio::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_util::codec::{Framed, FramedParts};
+use tokio_util::codec::{Decoder, Framed, FramedParts};
 
 /// Bytes held back at most before they are written anyway.
 pub const HOLD_LIMIT: usize = 64 * 1024;
@@ -160,6 +163,101 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
     }
 }
 
+/// A client message as the connection loop reads it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Decoded by pgwire's codec.
+    Message(PgWireFrontendMessage),
+    /// Read whole and not decoded: its bytes as the client sent them (type, length, body),
+    /// for the forwarder to pass upstream as they are.
+    Raw(BytesMut),
+}
+
+/// The largest message read whole: pgwire's own bound for the largest messages (a Bind's
+/// parameters, a COPY's data); a message type it bounds lower is bounded so here too.
+const RAW_LIMIT: usize = 0x3fff_fffe;
+const SMALL_RAW_LIMIT: usize = 10_000;
+
+/// How much more is read at a time while a message is incomplete: a hostile length
+/// announces a gigabyte, but only what arrives is ever held.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The client's next message after start-up: whole, as bytes, when `raw` says so of its type,
+/// else decoded by the socket's codec (as `Framed` itself would). `None` when the client is
+/// gone (an end of stream, mid-message or not). Cancel-safe: bytes read stay in the socket's
+/// read buffer, where the next call (or pgwire) finds them.
+pub async fn next_incoming<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+    raw: fn(u8) -> bool,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        let buffered = socket.read_buffer();
+        if let Some(&tag) = buffered.first() {
+            if raw(tag) {
+                if buffered.len() >= 5 {
+                    let len =
+                        u32::from_be_bytes([buffered[1], buffered[2], buffered[3], buffered[4]])
+                            as usize;
+                    let limit = if matches!(tag, b'B' | b'd') {
+                        RAW_LIMIT
+                    } else {
+                        SMALL_RAW_LIMIT
+                    };
+                    if !(4..=limit).contains(&len) {
+                        return Some(Err(PgWireError::MessageTooLarge(limit, len)));
+                    }
+                    if buffered.len() > len {
+                        return Some(Ok(Incoming::Raw(
+                            socket.read_buffer_mut().split_to(1 + len),
+                        )));
+                    }
+                }
+            } else {
+                // The codec and the bytes are both the socket's: the buffer is lent to it.
+                let mut bytes = std::mem::take(socket.read_buffer_mut());
+                let decoded = socket.codec_mut().decode(&mut bytes);
+                *socket.read_buffer_mut() = bytes;
+                match decoded {
+                    Ok(Some(message)) => return Some(Ok(Incoming::Message(message))),
+                    Ok(None) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        // More bytes: read into the socket's own buffer, taken and put back within one poll
+        // (so that dropping this future loses nothing).
+        let read = std::future::poll_fn(|cx| {
+            let mut bytes = std::mem::take(socket.read_buffer_mut());
+            if bytes.capacity() - bytes.len() < 1024 {
+                bytes.reserve(READ_CHUNK);
+            }
+            let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
+            *socket.read_buffer_mut() = bytes;
+            polled
+        })
+        .await;
+        match read {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// As PostgreSQL answers a message it cannot read: FATAL 08P01 (the connection then closes).
+async fn fatal_protocol_violation<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+    message: String,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    PgWireMessageServerCodec<T>: tokio_util::codec::Encoder<PgWireBackendMessage>,
+{
+    let fatal = ErrorInfo::new("FATAL".to_owned(), "08P01".to_owned(), message);
+    let _ = futures::SinkExt::send(socket, PgWireBackendMessage::ErrorResponse(fatal.into())).await;
+}
+
 /// Serves one client connection: TLS negotiation and the message loop of pgwire's
 /// `process_socket`, over a [`Corked`] socket.
 pub async fn process_connection<H: PgWireServerHandlers>(
@@ -191,6 +289,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     let copy = handlers.copy_handler();
     let cancel = handlers.cancel_handler();
     let errors = handlers.error_handler();
+    // Upstream mode reads the messages it passes on as they are whole, without decoding them.
+    let raw_reads: fn(u8) -> bool = if forwarding.is_some() {
+        crate::forward::passes_whole
+    } else {
+        |_| false
+    };
     // One registration for the connection's life, not one per message.
     let terminated = terminate.notified();
     tokio::pin!(terminated);
@@ -200,10 +304,10 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             PgWireConnectionState::AwaitingStartup
                 | PgWireConnectionState::AuthenticationInProgress
         );
-        let message = if starting {
+        let incoming = if starting {
             tokio::select! {
                 _ = &mut startup_deadline => None,
-                m = socket.next() => m,
+                m = socket.next() => m.map(|m| m.map(Incoming::Message)),
             }
         } else {
             tokio::select! {
@@ -223,7 +327,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                     .await;
                     break;
                 }
-                m = socket.next() => m,
+                m = next_incoming(&mut socket, raw_reads) => m,
                 // Upstream mode: what the upstream says while the client is idle (a NOTIFY
                 // for its LISTEN) is passed on as it comes.
                 idle = async {
@@ -239,27 +343,55 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 }
             }
         };
-        let Some(Ok(message)) = message else {
-            break;
+        let incoming = match incoming {
+            Some(Ok(incoming)) => incoming,
+            Some(Err(e)) => {
+                fatal_protocol_violation(&mut socket, format!("invalid message: {e}")).await;
+                break;
+            }
+            None => break,
         };
-        // Terminate: the client is leaving; close (some clients wait for the close).
-        if matches!(message, PgWireFrontendMessage::Terminate(_)) {
-            break;
-        }
         // Upstream mode: what is not sluice's own goes upstream; before sluice answers a
         // message itself, what was forwarded before it is answered.
-        let message = match forwarding.as_mut() {
-            Some((forwarder, connection)) if !starting => match forwarder.route(message) {
-                crate::forward::Routed::Upstream(step) => {
-                    forwarder.forward(step, &mut socket, connection).await?;
-                    continue;
+        let message = match (incoming, forwarding.as_mut()) {
+            (Incoming::Raw(frame), Some((forwarder, connection))) => {
+                match forwarder.route_raw(frame) {
+                    crate::forward::RoutedRaw::Upstream(step) => {
+                        forwarder.forward(step, &mut socket, connection).await?;
+                        continue;
+                    }
+                    crate::forward::RoutedRaw::Malformed => {
+                        let says =
+                            "invalid message format: a name in it is not a terminated UTF-8 string";
+                        fatal_protocol_violation(&mut socket, says.to_owned()).await;
+                        break;
+                    }
+                    crate::forward::RoutedRaw::Local(mut frame) => {
+                        forwarder.settle(&mut socket, connection).await?;
+                        match socket.codec_mut().decode(&mut frame) {
+                            Ok(Some(message)) => message,
+                            _ => break,
+                        }
+                    }
                 }
-                crate::forward::Routed::Local(message) => {
-                    forwarder.settle(&mut socket, connection).await?;
-                    message
+            }
+            // Only a forwarding connection reads messages whole.
+            (Incoming::Raw(_), None) => break,
+            // Terminate: the client is leaving; close (some clients wait for the close).
+            (Incoming::Message(PgWireFrontendMessage::Terminate(_)), _) => break,
+            (Incoming::Message(message), Some((forwarder, connection))) if !starting => {
+                match forwarder.route(message) {
+                    crate::forward::Routed::Upstream(step) => {
+                        forwarder.forward(step, &mut socket, connection).await?;
+                        continue;
+                    }
+                    crate::forward::Routed::Local(message) => {
+                        forwarder.settle(&mut socket, connection).await?;
+                        message
+                    }
                 }
-            },
-            _ => message,
+            }
+            (Incoming::Message(message), _) => message,
         };
         let in_extended = match socket.state() {
             PgWireConnectionState::CopyInProgress(extended) => extended,

@@ -921,3 +921,38 @@ async fn a_batch_mixing_sluice_and_the_upstream_is_answered_in_order() {
     socket.write_all(&batch).await.expect("batch");
     assert_eq!(tags_until_ready(&mut socket).await, "12DCZ");
 }
+
+/// The Bind, Execute and Sync a forwarding client sends are read whole, not decoded: one too
+/// long by its own length, or too malformed to route, ends that client's connection only.
+#[tokio::test]
+async fn malformed_messages_read_whole_end_only_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup(PoolMode::Transaction, 2).await;
+    let over_long = [b'B', 0x7f, 0xff, 0xff, 0xff, 0, 0].to_vec();
+    let no_names = message(b'B', b"portal-without-its-nul");
+    let short = [b'E', 0, 0, 0, 2].to_vec();
+    for bytes in [over_long, no_names, short] {
+        let mut socket = raw_client(s.server.port).await;
+        let mut batch = bytes.clone();
+        batch.extend(message(b'S', b""));
+        socket.write_all(&batch).await.expect("write");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut rest))
+            .await
+            .expect("the connection ends");
+        // FATAL 08P01 as PostgreSQL says it, then closed; never answered as if it were valid.
+        let _ = read;
+        let mut tags = String::new();
+        let mut at = 0;
+        while at + 5 <= rest.len() {
+            tags.push(rest[at] as char);
+            let len = u32::from_be_bytes([rest[at + 1], rest[at + 2], rest[at + 3], rest[at + 4]]);
+            at += 1 + len as usize;
+        }
+        assert_eq!(tags, "E", "{bytes:?} was answered: {rest:?}");
+        let said = String::from_utf8_lossy(&rest);
+        assert!(said.contains("FATAL") && said.contains("08P01"), "{said}");
+    }
+    let c = s.through().await;
+    assert_eq!(column(&c, "SELECT 41 + 1").await, ["42"]);
+}
