@@ -1703,6 +1703,8 @@ mod tests {
         );
         let mut out = BytesMut::new();
         renamed_bind(&frame, statement, "sluice_0123456789abcdef", &mut out);
+        let length = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
+        assert_eq!(length, out.len() - 1, "the length counts the new name");
         let mut renamed = decoded(&mut out);
         assert!(out.is_empty(), "exactly one message");
         assert_eq!(
