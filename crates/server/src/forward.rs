@@ -11,6 +11,7 @@
 //!
 //! The [`Forwarder`] is one client's side of that. Extended-protocol messages are collected
 //! until Sync (or Flush) and sent in one write, so a driver's round trip stays one round trip;
+//! Bind, Execute and Sync are read whole and sent as the client's bytes ([`Forwarder::route_raw`]);
 //! what the upstream answers is matched to what was sent ([`Answer`]), which lets sluice add
 //! messages of its own (a statement re-prepared on another pooled connection, the `SET`s that
 //! carry a grant to the upstream) and answer some itself, without the client seeing either.
