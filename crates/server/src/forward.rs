@@ -639,16 +639,16 @@ impl Forwarder {
                     Step::CloseStatement { name: target }
                 }
             }
-            // Read whole by the connection loop; decoded only when it came so (start-up's
-            // reads): the same rules.
+            // The connection loop reads these whole (`route_raw`); should one come decoded,
+            // the same rules route it.
             PgWireFrontendMessage::Bind(_)
             | PgWireFrontendMessage::Execute(_)
             | PgWireFrontendMessage::Sync(_) => {
                 let mut frame = BytesMut::new();
                 encode_frontend(&message, &mut frame);
-                return match self.route_frame(frame) {
-                    Ok(step) => Routed::Upstream(step),
-                    Err(_) => Routed::Local(message),
+                return match self.route_raw(frame) {
+                    RoutedRaw::Upstream(step) => Routed::Upstream(step),
+                    RoutedRaw::Local(_) | RoutedRaw::Malformed => Routed::Local(message),
                 };
             }
             PgWireFrontendMessage::Flush(f) => {
@@ -666,29 +666,21 @@ impl Forwarder {
     /// rules of [`Forwarder::route`]: upstream as the bytes it is, or back to be decoded and
     /// answered by sluice; one whose names cannot be read is [`RoutedRaw::Malformed`].
     pub fn route_raw(&mut self, frame: BytesMut) -> RoutedRaw {
-        match self.route_frame(frame) {
-            Ok(step) => RoutedRaw::Upstream(step),
-            Err(Some(frame)) => RoutedRaw::Local(frame),
-            Err(None) => RoutedRaw::Malformed,
-        }
-    }
-
-    fn route_frame(&mut self, frame: BytesMut) -> Result<Step, Option<BytesMut>> {
         match frame.first() {
             Some(b'B') => {
                 let Some((portal, statement)) = bind_names(&frame) else {
-                    return Err(None);
+                    return RoutedRaw::Malformed;
                 };
                 let portal_name = utf8(&frame[portal]);
                 let statement_name = utf8(&frame[statement.clone()]);
                 let (Some(portal_name), Some(statement_name)) = (portal_name, statement_name)
                 else {
-                    return Err(None);
+                    return RoutedRaw::Malformed;
                 };
                 if self.local_statements.contains(statement_name) {
                     self.portals.remove(portal_name);
                     self.local_portals.insert(portal_name.to_string());
-                    return Err(Some(frame));
+                    return RoutedRaw::Local(frame);
                 }
                 self.local_portals.remove(portal_name);
                 let prepared = self.statements.get(statement_name).cloned();
@@ -696,7 +688,7 @@ impl Forwarder {
                     Some(p) => self.portals.insert(portal_name.to_string(), p.clone()),
                     None => self.portals.remove(portal_name),
                 };
-                Ok(Step::Bind {
+                RoutedRaw::Upstream(Step::Bind {
                     frame,
                     statement,
                     prepared,
@@ -705,21 +697,21 @@ impl Forwarder {
             Some(b'E') => {
                 let portal = cstring_at(&frame, 5).and_then(|r| utf8(&frame[r]));
                 let Some(portal) = portal else {
-                    return Err(None);
+                    return RoutedRaw::Malformed;
                 };
                 if self.local_portals.contains(portal) {
-                    return Err(Some(frame));
+                    return RoutedRaw::Local(frame);
                 }
                 let prepared = self.portals.get(portal).cloned();
-                Ok(Step::Execute { frame, prepared })
+                RoutedRaw::Upstream(Step::Execute { frame, prepared })
             }
             Some(b'S') => {
                 if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
-                    return Err(Some(frame));
+                    return RoutedRaw::Local(frame);
                 }
-                Ok(Step::Sync)
+                RoutedRaw::Upstream(Step::Sync)
             }
-            _ => Err(Some(frame)),
+            _ => RoutedRaw::Local(frame),
         }
     }
 
