@@ -246,7 +246,8 @@ where
     }
 }
 
-/// As PostgreSQL answers a message it cannot read: FATAL 08P01 (the connection then closes).
+/// As PostgreSQL answers a message it cannot read: FATAL 08P01 (the connection then closes),
+/// with ClickHouse's code name for input that breaks its format.
 async fn fatal_protocol_violation<S, T>(
     socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
     message: String,
@@ -254,7 +255,12 @@ async fn fatal_protocol_violation<S, T>(
     S: AsyncRead + AsyncWrite + Unpin,
     PgWireMessageServerCodec<T>: tokio_util::codec::Encoder<PgWireBackendMessage>,
 {
-    let fatal = ErrorInfo::new("FATAL".to_owned(), "08P01".to_owned(), message);
+    let e = sluice_sql::Error::new(
+        sluice_sql::ErrorCode::CannotParseInputAssertionFailed,
+        message,
+    )
+    .with_sqlstate("08P01");
+    let fatal = ErrorInfo::new("FATAL".to_owned(), e.sqlstate().to_owned(), e.to_string());
     let _ = futures::SinkExt::send(socket, PgWireBackendMessage::ErrorResponse(fatal.into())).await;
 }
 

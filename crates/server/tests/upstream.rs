@@ -952,6 +952,10 @@ async fn malformed_messages_read_whole_end_only_their_connection() {
         assert_eq!(tags, "E", "{bytes:?} was answered: {rest:?}");
         let said = String::from_utf8_lossy(&rest);
         assert!(said.contains("FATAL") && said.contains("08P01"), "{said}");
+        assert!(
+            said.contains("(CANNOT_PARSE_INPUT_ASSERTION_FAILED)"),
+            "{said}"
+        );
     }
     let c = s.through().await;
     assert_eq!(column(&c, "SELECT 41 + 1").await, ["42"]);
