@@ -31,7 +31,7 @@
 //! - A statement's `SETTINGS` tail is cut off; its text otherwise reaches the upstream as the
 //!   client wrote it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
@@ -504,19 +504,28 @@ enum Failed {
     Here,
 }
 
+/// The maps looked up for every message a client sends hash with foldhash (seeded per
+/// process), not SipHash: their keys are the client's own names, so a client that chose
+/// colliding names slows only itself.
+type NameMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+type NameSet = std::collections::HashSet<String, foldhash::fast::RandomState>;
+
 /// One client's forwarding state.
 pub struct Forwarder {
     upstream: Arc<Upstream>,
     lent: Option<Lent>,
     /// The client's statements for the upstream, by the client's names.
-    statements: HashMap<String, Arc<Prepared>>,
+    statements: NameMap<Arc<Prepared>>,
     /// Names the client gave statements and portals that sluice answers.
-    local_statements: HashSet<String>,
-    local_portals: HashSet<String>,
+    local_statements: NameSet,
+    local_portals: NameSet,
     /// The upstream portals, with the statement each was bound from.
-    portals: HashMap<String, Arc<Prepared>>,
+    portals: NameMap<Arc<Prepared>>,
     /// Extended-protocol messages not sent yet (up to the next Sync or Flush).
     pending: Vec<Step>,
+    /// The last batch's list of answers, kept empty for the next (a round trip allocates
+    /// none).
+    spare_answers: VecDeque<Expect>,
     failed: Failed,
     /// Forwarded messages were sent since the last Sync (the Sync goes upstream too).
     in_batch: bool,
@@ -553,11 +562,12 @@ impl Forwarder {
         Forwarder {
             upstream,
             lent: None,
-            statements: HashMap::new(),
-            local_statements: HashSet::new(),
-            local_portals: HashSet::new(),
-            portals: HashMap::new(),
+            statements: NameMap::default(),
+            local_statements: NameSet::default(),
+            local_portals: NameSet::default(),
+            portals: NameMap::default(),
             pending: Vec::new(),
+            spare_answers: VecDeque::new(),
             failed: Failed::No,
             in_batch: false,
             running: None,
@@ -684,10 +694,16 @@ impl Forwarder {
                 }
                 self.local_portals.remove(portal_name);
                 let prepared = self.statements.get(statement_name).cloned();
-                match &prepared {
-                    Some(p) => self.portals.insert(portal_name.to_string(), p.clone()),
-                    None => self.portals.remove(portal_name),
-                };
+                match (&prepared, self.portals.get_mut(portal_name)) {
+                    // Most Binds name the unnamed portal again: its entry is reused.
+                    (Some(p), Some(bound)) => *bound = p.clone(),
+                    (Some(p), None) => {
+                        self.portals.insert(portal_name.to_string(), p.clone());
+                    }
+                    (None, _) => {
+                        self.portals.remove(portal_name);
+                    }
+                }
                 RoutedRaw::Upstream(Step::Bind {
                     frame,
                     statement,
@@ -933,7 +949,7 @@ impl Forwarder {
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
-        let steps = std::mem::take(&mut self.pending);
+        let mut steps = std::mem::take(&mut self.pending);
         match self.failed {
             Failed::Here => {
                 // Refused before anything was sent: the rest up to Sync is skipped here.
@@ -982,13 +998,16 @@ impl Forwarder {
         };
         let pooled = self.upstream.options.pool_mode == PoolMode::Transaction;
         let mut out = BytesMut::new();
-        let mut answers = VecDeque::new();
+        let mut answers = std::mem::take(&mut self.spare_answers);
         let mut dirty = self.upstream.options.pool_mode == PoolMode::Session;
         if self.failed == Failed::No {
-            for step in steps {
+            for step in steps.drain(..) {
                 translate(step, lent, pooled, &mut out, &mut answers, &mut dirty);
             }
         }
+        steps.clear();
+        // Kept for the next batch, its capacity with it.
+        self.pending = steps;
         lent.dirty |= dirty;
         if sync {
             encode(&SyncMessage::new(), &mut out);
@@ -1315,6 +1334,9 @@ impl Forwarder {
                 }
             }
         }
+        if answers.capacity() > self.spare_answers.capacity() {
+            self.spare_answers = answers;
+        }
         if got_ready && settle {
             self.settled();
         }
@@ -1615,6 +1637,9 @@ where
     let mut header = [frame.tag, 0, 0, 0, 0];
     header[1..].copy_from_slice(&(frame.body.len() as u32 + 4).to_be_bytes());
     let io = socket.get_mut();
+    if io.hold(&header, &frame.body) {
+        return Ok(());
+    }
     io.write_all(&header).await?;
     io.write_all(&frame.body).await
 }

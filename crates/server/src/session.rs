@@ -192,7 +192,8 @@ pub struct Connection {
     shared: Arc<Shared>,
     session: Box<dyn Session>,
     /// Session variables: `workload`, and whatever else clients `SET`.
-    vars: Mutex<HashMap<String, String>>,
+    /// (foldhash: every statement looks its workload up here.)
+    vars: Mutex<HashMap<String, String, foldhash::fast::RandomState>>,
     block: Mutex<Block>,
     manager: Arc<ConnectionManager>,
     parser: Arc<NoopQueryParser>,
@@ -205,7 +206,7 @@ pub struct Connection {
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
     /// The fingerprints of the statements this connection ran lately, by text with literals
     /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
-    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>>>,
+    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>>,
     /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
     peer: Option<std::net::IpAddr>,
     /// The database named at start-up, for classifiers' `database`.
@@ -400,7 +401,7 @@ impl Connection {
         Connection {
             shared,
             session,
-            vars: Mutex::new(HashMap::new()),
+            vars: Mutex::default(),
             block: Mutex::new(Block::None),
             manager,
             parser: Arc::new(NoopQueryParser::new()),
@@ -426,11 +427,13 @@ impl Connection {
     }
 
     fn var(&self, name: &str) -> Option<String> {
-        self.vars
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned()
+        self.with_var(name, |v| v.map(str::to_string))
+    }
+
+    /// `f` of session variable `name`, read in place.
+    fn with_var<R>(&self, name: &str, f: impl FnOnce(Option<&str>) -> R) -> R {
+        let vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
+        f(vars.get(name).map(String::as_str))
     }
 
     fn set_var(&self, name: &str, value: Option<String>) {
@@ -786,15 +789,15 @@ impl Connection {
     /// How long a statement may wait for admission: the query's `workload_admission_timeout_ms`,
     /// else the session's (`SET`), else its user's default; 0 (or nothing) is no limit.
     fn admission_timeout(&self, user: &str, query: Option<Duration>) -> Result<Option<Duration>> {
-        let session = match self.var("workload_admission_timeout_ms") {
-            None => None,
-            Some(v) => Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
+        let session = self.with_var("workload_admission_timeout_ms", |v| match v {
+            None => Ok(None),
+            Some(v) => Ok(Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
                 Error::new(
                     ErrorCode::BadArguments,
                     format!("setting 'workload_admission_timeout_ms' takes milliseconds (an integer), got '{v}'"),
                 )
-            })?)),
-        };
+            })?))),
+        })?;
         let chosen = query.or(session).or_else(|| {
             self.shared
                 .users

@@ -82,6 +82,20 @@ impl<S> Corked<S> {
         }
     }
 
+    /// Holds a message (`header`, then `body`) as a write would, without a write's future:
+    /// `false`, and nothing held, when [`HOLD_LIMIT`] is reached (a write sends what is held
+    /// first).
+    pub fn hold(&mut self, header: &[u8], body: &[u8]) -> bool {
+        if self.held.len() >= HOLD_LIMIT {
+            return false;
+        }
+        self.track(header);
+        self.track(body);
+        self.held.extend_from_slice(header);
+        self.held.extend_from_slice(body);
+        true
+    }
+
     /// Follows message boundaries (type byte, then a length that counts itself) through `buf`.
     fn track(&mut self, mut buf: &[u8]) {
         while !buf.is_empty() {
@@ -458,6 +472,28 @@ mod tests {
         // A payload that contains what looks like a header is skipped as payload.
         c.track(&message(b'D', &message(b'Z', b"I")));
         assert_eq!(c.last_type, Some(b'D'));
+    }
+
+    #[tokio::test]
+    async fn a_held_message_is_sent_like_a_written_one() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (server, mut client) = tokio::io::duplex(1 << 20);
+        let mut c = Corked::new(server);
+        let row = message(b'D', b"\0\0\0\0");
+        assert!(c.hold(&row[..5], &row[5..]));
+        assert_eq!(c.last_type, Some(b'D'));
+        // A row in the middle of an answer stays held through a flush; the end sends both.
+        c.flush().await.expect("flush");
+        let done = message(b'Z', b"I");
+        assert!(c.hold(&done[..5], &done[5..]));
+        c.flush().await.expect("flush");
+        let mut got = vec![0; row.len() + done.len()];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!(got, [row.clone(), done].concat());
+        // Past the limit nothing more is held: the caller writes (which sends first).
+        c.held = vec![0; HOLD_LIMIT];
+        assert!(!c.hold(&row[..5], &row[5..]));
+        assert_eq!(c.held.len(), HOLD_LIMIT);
     }
 
     /// Writes one message and flushes, as pgwire's `send` does.
