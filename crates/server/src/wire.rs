@@ -89,11 +89,15 @@ impl<S> Corked<S> {
         if self.held.len() >= HOLD_LIMIT {
             return false;
         }
-        self.track(header);
-        self.track(body);
-        self.held.extend_from_slice(header);
-        self.held.extend_from_slice(body);
+        self.append(header);
+        self.append(body);
         true
+    }
+
+    /// Adds `buf` to what is held, following its message boundaries.
+    fn append(&mut self, buf: &[u8]) {
+        self.track(buf);
+        self.held.extend_from_slice(buf);
     }
 
     /// Follows message boundaries (type byte, then a length that counts itself) through `buf`.
@@ -159,8 +163,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
         if self.held.len() >= HOLD_LIMIT {
             ready!(self.poll_send_held(cx))?;
         }
-        self.track(buf);
-        self.held.extend_from_slice(buf);
+        self.append(buf);
         Poll::Ready(Ok(buf.len()))
     }
 
