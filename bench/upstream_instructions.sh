@@ -9,6 +9,8 @@
 #   bench/upstream_instructions.sh [TRANSACTIONS_PER_CLIENT]      (default 1000, 4 clients)
 #
 # SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it.
+# KEEP_PROFILES=dir keeps each run's callgrind output there (dir/NAME-PROTOCOL.out, NAME the
+# binary's file name), for `callgrind_annotate --inclusive=yes`.
 # Needs valgrind, pgbench and PostgreSQL's server binaries; loopback only, a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,10 @@ instructions() {
   callgrind_control -d "$pid" >/dev/null 2>&1
   sleep 1
   kill "$pid"; wait "$pid" 2>/dev/null || true
+  if [ -n "${KEEP_PROFILES:-}" ]; then
+    mkdir -p "$KEEP_PROFILES"
+    cp "$(ls -S "$out"* | head -1)" "$KEEP_PROFILES/$(basename "$bin")-$protocol.out"
+  fi
   cat "$out"* | awk -v n=$((clients * per_client)) \
     '/^totals:/ {if ($2 > m) m = $2} END {printf "%d\n", m / n}'
 }

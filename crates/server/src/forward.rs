@@ -53,6 +53,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
 use crate::record::RunRecord;
+use crate::session::StatementMemo;
 use crate::session::{Admitted, Connection};
 use crate::wire::{next_incoming, Corked, Incoming};
 
@@ -234,6 +235,8 @@ pub struct Forwarded {
     query: Query,
     /// Whether running it may change the session's state beyond the transaction.
     changes_session: bool,
+    /// What its admission keeps for its next runs (a prepared statement's).
+    memo: StatementMemo,
 }
 
 /// `text` as one forwarded statement; `None` if it is sluice's own.
@@ -246,6 +249,7 @@ fn forwarded(text: &str) -> Option<Forwarded> {
                 sql: text.to_string(),
                 query: utility(text),
                 changes_session: false,
+                memo: StatementMemo::default(),
             })
         }
     };
@@ -272,6 +276,7 @@ fn forwarded(text: &str) -> Option<Forwarded> {
                 sql,
                 query,
                 changes_session,
+                memo: StatementMemo::default(),
             }
         }
         ClientStatement::Transaction(_) => tail_cut(text, false),
@@ -290,11 +295,13 @@ fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
             },
             sql: markup.query,
             changes_session,
+            memo: StatementMemo::default(),
         },
         _ => Forwarded {
             sql: text.to_string(),
             query: utility(text),
             changes_session,
+            memo: StatementMemo::default(),
         },
     }
 }
@@ -878,6 +885,7 @@ impl Forwarder {
                     sql: text.clone(),
                     query: utility(&text),
                     changes_session: false,
+                    memo: StatementMemo::default(),
                 });
             if !self.begin(socket, connection, Some(&admit_as)).await? {
                 return self.ready(socket).await;
@@ -976,6 +984,7 @@ impl Forwarder {
                     sql: String::new(),
                     query: utility(""),
                     changes_session: false,
+                    memo: StatementMemo::default(),
                 };
                 Some(&unknown)
             }
@@ -1034,12 +1043,13 @@ impl Forwarder {
     {
         connection.cancellable(&*socket);
         if let (Some(forwarded), None) = (admit_as, &self.running) {
-            let user = crate::session::user_of(&*socket);
+            let user = connection.user(&*socket);
             let mut record = None;
             let admitted = connection
                 .admit(
                     &user,
                     &forwarded.query,
+                    Some(&forwarded.memo),
                     &mut crate::session::ClientNotices(socket),
                     &mut record,
                 )

@@ -501,7 +501,12 @@ mod demotion_tests {
         shared: &Arc<Shared>,
         workload: &str,
     ) -> (crate::state::ProcessGuard, Arc<Mutex<Grant>>) {
-        let guard = shared.register("u", workload, "SELECT slow_report()", None);
+        let guard = shared.register(
+            &Arc::from("u"),
+            &Arc::from(workload),
+            &Arc::from("SELECT slow_report()"),
+            None,
+        );
         let snapshot = shared.snapshot();
         let mut attachments = Vec::new();
         for (resource, scheduler) in &snapshot.schedulers {

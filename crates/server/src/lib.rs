@@ -2,7 +2,8 @@
 //!
 //! Layout:
 //! - [`serve`]: the accept loop; one [`session::Connection`] (handlers and state) per client;
-//!   cancel requests go through pgwire's connection manager.
+//!   a cancel request stops the connection's statement through its `state::Control` (waiting,
+//!   running or forwarded) and through pgwire's connection manager.
 //! - [`wire`]: the message loop over a socket that sends each response in one write.
 //! - [`forward`]: upstream mode, every message that is not sluice's own forwarded to the
 //!   upstream database at the message level, admitted like an engine query.

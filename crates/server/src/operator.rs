@@ -164,7 +164,7 @@ pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> R
         .filter(|p| p.pid == Some(pid))
         .collect();
     if !shared.users.is_admin(by) {
-        if let Some(p) = mine.iter().find(|p| p.user != by) {
+        if let Some(p) = mine.iter().find(|p| *p.user != *by) {
             return Err(Error::new(
                 ErrorCode::AccessDenied,
                 format!(

@@ -5,7 +5,7 @@
 //! memory; the oldest goes first. 0 keeps none.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 /// Rows kept when the config says nothing.
@@ -35,14 +35,15 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub query_id: u64,
-    pub user: String,
+    // Shared with the statement's other records, not copied (see `crate::state::Process`).
+    pub user: Arc<str>,
     /// Where it ended (after any demotion or move).
-    pub workload: String,
+    pub workload: Arc<str>,
     /// Where it was admitted.
-    pub initial_workload: String,
+    pub initial_workload: Arc<str>,
     /// The classifier that placed it (as of its admission), if one did.
     pub classifier: Option<String>,
-    pub fingerprint: String,
+    pub fingerprint: Arc<sluice_sql::Fingerprint>,
     /// When it arrived.
     pub arrived: SystemTime,
     /// When it was admitted (`None`: it never was).
@@ -53,7 +54,8 @@ pub struct Row {
     /// Demoted while it ran.
     pub demoted: bool,
     pub rows: u64,
-    pub query: String,
+    /// Its first 2,000 characters.
+    pub query: Arc<str>,
 }
 
 /// The last rows, oldest first.
@@ -103,7 +105,7 @@ mod tests {
             workload: "w".into(),
             initial_workload: "w".into(),
             classifier: None,
-            fingerprint: String::new(),
+            fingerprint: Arc::new(sluice_sql::fingerprint("")),
             arrived: SystemTime::UNIX_EPOCH,
             admitted: None,
             queued_ms: 0,
@@ -111,7 +113,7 @@ mod tests {
             outcome: Outcome::Ok,
             demoted: false,
             rows: 0,
-            query: String::new(),
+            query: "".into(),
         }
     }
 

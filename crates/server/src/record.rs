@@ -21,11 +21,12 @@ use crate::state::{Grant, Shared};
 pub struct RunRecord {
     shared: Arc<Shared>,
     query_id: u64,
-    user: String,
+    user: Arc<str>,
     /// Where it was admitted (a learned lane, or the workload it asked for).
-    initial_workload: String,
+    initial_workload: Arc<str>,
     fingerprint: Arc<Fingerprint>,
-    query: String,
+    /// Its first 2,000 characters (see [`RunRecord::new`]).
+    query: Arc<str>,
     arrived: SystemTime,
     arrived_at: Instant,
     admitted: Option<(Instant, Arc<Mutex<Grant>>)>,
@@ -41,19 +42,26 @@ impl RunRecord {
     pub fn new(
         shared: Arc<Shared>,
         query_id: u64,
-        user: &str,
-        initial_workload: &str,
+        user: &Arc<str>,
+        initial_workload: &Arc<str>,
         fingerprint: Arc<Fingerprint>,
-        query: &str,
+        query: &Arc<str>,
         judged_by: Option<Demotion>,
     ) -> RunRecord {
+        // Most statements are shorter: their text is shared with `system.processes`.
+        let kept = first_chars(query, 2_000);
+        let query = if kept.len() == query.len() {
+            query.clone()
+        } else {
+            Arc::from(kept)
+        };
         RunRecord {
             shared,
             query_id,
-            user: user.to_string(),
-            initial_workload: initial_workload.to_string(),
+            user: user.clone(),
+            initial_workload: initial_workload.clone(),
             fingerprint,
-            query: first_chars(query, 2_000).to_string(),
+            query,
             arrived: SystemTime::now(),
             arrived_at: Instant::now(),
             admitted: None,
@@ -132,7 +140,7 @@ impl Drop for RunRecord {
                     .is_none_or(|d| u128::from(run_ms) < d.after.as_millis());
             let run = Run {
                 ms: run_ms,
-                demoted_to: demoted.then(|| workload.clone()),
+                demoted_to: demoted.then(|| workload.to_string()),
                 fast,
                 relearn_after: self
                     .judged_by
@@ -151,11 +159,11 @@ impl Drop for RunRecord {
         }
         self.shared.query_log.push(Row {
             query_id: self.query_id,
-            user: std::mem::take(&mut self.user),
+            user: self.user.clone(),
             workload,
-            initial_workload: std::mem::take(&mut self.initial_workload),
+            initial_workload: self.initial_workload.clone(),
             classifier: self.classifier.take(),
-            fingerprint: self.fingerprint.id.clone(),
+            fingerprint: self.fingerprint.clone(),
             arrived: self.arrived,
             admitted: self.admitted.as_ref().map(|_| self.arrived + queued),
             queued_ms: queued.as_millis() as u64,
@@ -163,7 +171,7 @@ impl Drop for RunRecord {
             outcome,
             demoted,
             rows: self.rows,
-            query: std::mem::take(&mut self.query),
+            query: self.query.clone(),
         });
     }
 }

@@ -198,8 +198,8 @@ pub struct Connection {
     manager: Arc<ConnectionManager>,
     parser: Arc<NoopQueryParser>,
     watch: Arc<ClientWatch>,
-    /// This connection's cancel signal, registered at its first statement.
-    cancel: std::sync::OnceLock<(CancelKey, Arc<tokio::sync::watch::Sender<u64>>)>,
+    /// This connection's cancel key, registered at its first statement.
+    cancel: std::sync::OnceLock<CancelKey>,
     /// Notified by `pg_terminate_backend`: the connection closes (its message loop watches).
     pub terminate: Arc<tokio::sync::Notify>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
@@ -211,6 +211,8 @@ pub struct Connection {
     peer: Option<std::net::IpAddr>,
     /// The database named at start-up, for classifiers' `database`.
     database: std::sync::OnceLock<String>,
+    /// The user it logged in as (see [`Connection::user`]).
+    user: std::sync::OnceLock<Arc<str>>,
 }
 
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
@@ -218,7 +220,7 @@ const FINGERPRINTS_KEPT: usize = 256;
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if let Some((key, _)) = self.cancel.get() {
+        if let Some(key) = self.cancel.get() {
             self.shared.forget_cancel(key);
         }
     }
@@ -230,8 +232,26 @@ impl Debug for Connection {
     }
 }
 
-/// What a statement holds until its last row is sent (its process entry, permits, gauges).
-type Held = Vec<Box<dyn Send + Sync>>;
+/// What admission keeps of a statement between its runs, made at its first (a prepared
+/// statement runs many times; one run's text gets a memo of its own, used once).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatementMemo {
+    /// Its fingerprint (otherwise looked up by text at each run).
+    fingerprint: std::sync::OnceLock<Arc<sluice_sql::Fingerprint>>,
+    /// Its text, shared by each run's `system.processes` entry and record.
+    text: std::sync::OnceLock<Arc<str>>,
+}
+
+/// What a statement holds until its last row is sent, dropped in this order: its
+/// `system.processes` entry first (so it is never seen running beside its successor), then
+/// its grant (permits, gauges, memory), then its demotion timer. `Held::default()` holds
+/// nothing (sluice's own answers).
+#[derive(Default)]
+pub(crate) struct Held {
+    _process: Option<crate::state::ProcessGuard>,
+    _grant: Option<Arc<Mutex<Grant>>>,
+    _demoter: Option<crate::lanes::AbortOnDrop>,
+}
 
 /// A statement admitted by every resource its workload asks for, not yet run.
 pub(crate) struct Admitted {
@@ -308,8 +328,52 @@ impl Cursor {
     }
 }
 
-/// Why a statement stops before its end, whichever comes first.
-type Stop = Pin<Box<dyn Future<Output = Error> + Send>>;
+/// What ends an admitted statement early, whichever comes first: its [`Control`] stopped (a
+/// cancel request, `KILL QUERY`, an eviction, the shutdown's grace running out), its client
+/// going away, its `max_execution_time`. A future polled by the statement's connection only;
+/// nothing is registered anywhere until it is first polled, and a statement that answers at
+/// once never polls it.
+///
+/// [`Control`]: crate::state::Control
+pub(crate) struct Stop {
+    control: Arc<crate::state::Control>,
+    watch: Arc<ClientWatch>,
+    watching: crate::watch::Watching,
+    timeout: Option<Timeout>,
+}
+
+/// A statement's `max_execution_time`: its timer is made when the stop is first polled.
+struct Timeout {
+    at: tokio::time::Instant,
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// For the error's word on a demotion.
+    grant: Option<Arc<Mutex<Grant>>>,
+}
+
+impl Future for Stop {
+    type Output = Error;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Error> {
+        if let Poll::Ready(e) = self.control.poll_stopped(cx) {
+            return Poll::Ready(e);
+        }
+        if let Some(timeout) = self.timeout.as_mut() {
+            let at = timeout.at;
+            let timer = timeout
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(timeout_exceeded(timeout.limit, timeout.grant.as_ref()));
+            }
+        }
+        let this = &mut *self;
+        match this.watch.poll_gone(cx, &mut this.watching) {
+            Poll::Ready(()) => Poll::Ready(client_gone()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
 
 /// A statement's rows, ended by its [`Stop`]: the error is the last item.
 ///
@@ -346,7 +410,7 @@ impl Stoppable {
     fn poll_stop(&mut self, cx: &mut Context<'_>) -> Option<Error> {
         self.since_stop = 0;
         let stop = self.stop.as_mut()?;
-        match stop.as_mut().poll(cx) {
+        match Pin::new(stop).poll(cx) {
             Poll::Ready(e) => {
                 self.stop = None;
                 Some(e)
@@ -412,6 +476,7 @@ impl Connection {
             fingerprints: Mutex::default(),
             peer: None,
             database: std::sync::OnceLock::new(),
+            user: std::sync::OnceLock::new(),
         }
     }
 
@@ -450,7 +515,7 @@ impl Connection {
 
     async fn run(
         &self,
-        user: &str,
+        user: &Arc<str>,
         statement: ClientStatement,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
@@ -807,52 +872,29 @@ impl Connection {
         Ok(chosen.filter(|d| !d.is_zero()))
     }
 
-    /// What ends a statement early, once admitted: a cancel request, its client going away,
-    /// the server's grace period running out, its `max_execution_time`.
+    /// What ends a statement early, once admitted (see [`Stop`]).
     fn stop(
         &self,
         max_execution_time: Option<Duration>,
         grant: Option<Arc<Mutex<Grant>>>,
         control: Arc<crate::state::Control>,
     ) -> Stop {
-        let shared = self.shared.clone();
-        let watch = self.watch.clone();
-        let mut cancelled = self.cancel.get().map(|(_, signal)| signal.subscribe());
-        let deadline = max_execution_time.map(|limit| (tokio::time::Instant::now() + limit, limit));
-        Box::pin(async move {
-            let timeout = async {
-                match deadline {
-                    Some((at, limit)) => {
-                        tokio::time::sleep_until(at).await;
-                        timeout_exceeded(limit, grant.as_ref())
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            let cancel = async {
-                if let Some(rx) = cancelled.as_mut() {
-                    if rx.changed().await.is_ok() {
-                        return Error::new(
-                            ErrorCode::QueryWasCancelled,
-                            "canceling statement due to user request",
-                        );
-                    }
-                }
-                std::future::pending().await
-            };
-            tokio::select! {
-                e = cancel => e,
-                e = control.killed() => e,
-                _ = watch.gone() => client_gone(),
-                _ = shared.reached(Phase::Terminating) => shutting_down(Phase::Terminating),
-                e = timeout => e,
-            }
-        })
+        Stop {
+            control,
+            watch: self.watch.clone(),
+            watching: crate::watch::Watching::starting_now(),
+            timeout: max_execution_time.map(|limit| Timeout {
+                at: tokio::time::Instant::now() + limit,
+                limit,
+                timer: None,
+                grant,
+            }),
+        }
     }
 
     async fn run_query(
         &self,
-        user: &str,
+        user: &Arc<str>,
         query: Query,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
@@ -862,7 +904,7 @@ impl Connection {
         // record is written last, when the statement has let go of everything.
         let mut record = None;
         let result = async {
-            let admitted = self.admit(user, &query, notices, &mut record).await?;
+            let admitted = self.admit(user, &query, None, notices, &mut record).await?;
             self.execute_admitted(admitted, &query, params, &mut record)
                 .await
         }
@@ -878,8 +920,9 @@ impl Connection {
     /// the run is put in `record` as soon as there is one, so a failure is recorded too.
     pub(crate) async fn admit(
         &self,
-        user: &str,
+        user: &Arc<str>,
         query: &Query,
+        memo: Option<&StatementMemo>,
         notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
     ) -> Result<Admitted> {
@@ -889,7 +932,13 @@ impl Connection {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
-        let fingerprint = self.fingerprint_of(query);
+        let fingerprint = match memo {
+            Some(memo) => memo
+                .fingerprint
+                .get_or_init(|| self.fingerprint_of(query))
+                .clone(),
+            None => self.fingerprint_of(query),
+        };
         let classified = match chosen {
             Some(_) => None,
             None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
@@ -907,23 +956,27 @@ impl Connection {
             judged_by.as_ref(),
             &fingerprint,
         );
+        let workload: Arc<str> = Arc::from(workload);
+        // One copy of the text for the statement's process entry and its record (none for a
+        // prepared statement's run: it keeps its copy).
+        let text = match memo {
+            Some(memo) => memo
+                .text
+                .get_or_init(|| Arc::from(query.text.as_str()))
+                .clone(),
+            None => Arc::from(query.text.as_str()),
+        };
         *record = Some(RunRecord::new(
             self.shared.clone(),
             0,
             user,
             &workload,
             fingerprint,
-            &query.text,
+            &text,
             judged_by,
         ));
         self.admit_in(
-            user,
-            &workload,
-            classified,
-            &query.text,
-            settings,
-            notices,
-            record,
+            user, &workload, classified, &text, settings, notices, record,
         )
         .await
     }
@@ -983,7 +1036,7 @@ impl Connection {
         order: &[(&String, &sluice_sched::ResourceScheduler)],
         guard: &crate::state::ProcessGuard,
         snapshot: &crate::state::Snapshot,
-        workload: &mut String,
+        workload: &mut Arc<str>,
         attachments: &mut Vec<Attachment>,
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
         notices: &mut dyn Notices,
@@ -1045,7 +1098,7 @@ impl Connection {
                         }
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
                         self.shared.show_in(guard.query_id, &to);
-                        *workload = to;
+                        *workload = Arc::from(to);
                         drop(counted_waiting);
                         if !in_place {
                             // Granted meanwhile, or no queue for it here: ask this resource
@@ -1154,16 +1207,16 @@ impl Connection {
     #[allow(clippy::too_many_arguments)]
     async fn admit_in(
         &self,
-        user: &str,
-        workload: &str,
+        user: &Arc<str>,
+        workload: &Arc<str>,
         classified: Option<Arc<crate::state::Classified>>,
-        text: &str,
+        text: &Arc<str>,
         settings: QuerySettings,
         notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
     ) -> Result<Admitted> {
         let mut attachments: Vec<Attachment> = Vec::new();
-        let pid = self.cancel.get().map(|((pid, _), _)| *pid);
+        let pid = self.cancel.get().map(|(pid, _)| *pid);
         let guard = self.shared.register(user, workload, text, pid);
         // Only a statement a rule placed can be placed again while it waits.
         let placed_by_rule = classified.is_some();
@@ -1172,7 +1225,7 @@ impl Connection {
             record.set_query_id(guard.query_id);
         }
         // Where it queues; a `MOVE QUERY` while it waits changes it.
-        let mut workload = workload.to_string();
+        let mut workload = workload.clone();
         // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
         let admission_deadline = self
             .admission_timeout(user, settings.admission_timeout)?
@@ -1180,9 +1233,9 @@ impl Connection {
         let snapshot = self.shared.snapshot();
         let cpu_scheduled = !settings.no_concurrency_control;
         // Its query slot, then its memory reservation, then its master thread.
-        let slot: Vec<_> = snapshot.query_slot().into_iter().collect();
+        let slot = snapshot.query_slot();
         self.wait_for_slots(
-            &slot,
+            slot.as_slice(),
             &guard,
             &snapshot,
             &mut workload,
@@ -1202,9 +1255,9 @@ impl Connection {
             )
             .await?;
         if cpu_scheduled {
-            let master: Vec<_> = snapshot.master().into_iter().collect();
+            let master = snapshot.master();
             self.wait_for_slots(
-                &master,
+                master.as_slice(),
                 &guard,
                 &snapshot,
                 &mut workload,
@@ -1241,12 +1294,11 @@ impl Connection {
             }
             _ => settings.max_threads,
         };
-        let workload = workload.as_str();
         // The statement's memory is held by its grant, not by the engine (which lets go of its
         // runtime once the plan is started), so the allocation lasts as long as the statement
         // and moves with it.
         let grant = Arc::new(Mutex::new(Grant {
-            workload: workload.to_string(),
+            workload: workload.clone(),
             attachments,
             memory: memory.clone(),
             demoted: None,
@@ -1258,7 +1310,7 @@ impl Connection {
                 .flatten();
             record.admitted(grant.clone(), classifier);
         }
-        let lanes = snapshot.catalog.lanes(workload);
+        let lanes = snapshot.catalog.lanes(&workload);
         // Its soft deadline: demoted (moved, never stopped) when it outlives it.
         let demoter = lanes.demotion.is_some().then(|| {
             let task = crate::lanes::demote_when_due(
@@ -1269,9 +1321,11 @@ impl Connection {
             crate::lanes::AbortOnDrop(tokio::spawn(task))
         });
         let control = guard.control.clone();
-        // First in, so first dropped: the statement leaves system.processes before its
-        // permits are released, and is never seen running beside its successor.
-        let hold: Held = vec![Box::new(guard), Box::new(grant.clone()), Box::new(demoter)];
+        let hold = Held {
+            _process: Some(guard),
+            _grant: Some(grant.clone()),
+            _demoter: demoter,
+        };
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings
             .max_execution_time
@@ -1563,7 +1617,7 @@ fn batch_outcome(batch: RecordBatch) -> Outcome {
     Outcome::Rows {
         schema: batch.schema(),
         batches: collected(vec![batch]),
-        hold: Vec::new(),
+        hold: Held::default(),
     }
 }
 
@@ -1573,7 +1627,7 @@ fn one_column(name: &str, values: Vec<String>) -> Outcome {
     Outcome::Rows {
         schema,
         batches: collected(batch.into_iter().collect()),
-        hold: Vec::new(),
+        hold: Held::default(),
     }
 }
 
@@ -1598,13 +1652,13 @@ impl Connection {
             return Ok(LocalOutput::Ok);
         };
         let outcome = match self
-            .run("local", statement, Vec::new(), &mut NoNotices)
+            .run(&Arc::from("local"), statement, Vec::new(), &mut NoNotices)
             .await?
         {
             Outcome::Fetched { schema, batches } => Outcome::Rows {
                 schema,
                 batches: collected(batches),
-                hold: Vec::new(),
+                hold: Held::default(),
             },
             other => other,
         };
@@ -1680,6 +1734,14 @@ pub(crate) fn user_of<C: ClientInfo>(client: &C) -> String {
         .unwrap_or_default()
 }
 
+impl Connection {
+    /// The user the client logged in as, shared by its statements' records (it is fixed once
+    /// the client is authenticated, before any statement).
+    pub(crate) fn user<C: ClientInfo>(&self, client: &C) -> Arc<str> {
+        self.user.get_or_init(|| Arc::from(user_of(client))).clone()
+    }
+}
+
 #[async_trait]
 impl NoopStartupHandler for Connection {
     fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
@@ -1750,7 +1812,7 @@ impl SimpleQueryHandler for Connection {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         self.cancellable(client);
-        let user = user_of(client);
+        let user = self.user(client);
         // A simple query may hold several statements; each runs in turn and its answer is
         // sent before the next starts (so its rows stream, and its permits go, first); the
         // first error stops.
@@ -1806,7 +1868,7 @@ impl ExtendedQueryHandler for Connection {
         } else {
             Vec::new()
         };
-        let user = user_of(client);
+        let user = self.user(client);
         let outcome = self
             .run(&user, statement, values, &mut ClientNotices(client))
             .await
@@ -1884,14 +1946,14 @@ impl ExtendedQueryHandler for Connection {
 }
 
 impl Connection {
-    /// Registers this connection's cancel signal under its key (once).
+    /// Registers this connection's cancel key (once).
     pub(crate) fn cancellable<C: ClientInfo>(&self, client: &C) {
         if self.cancel.get().is_none() {
             let (pid, secret) = client.pid_and_secret_key();
             let key = (pid, secret.to_bytes().to_vec());
-            let signal = self.shared.cancel_signal(key.clone());
+            self.shared.cancellable(key.clone());
             self.shared.terminable(pid, self.terminate.clone());
-            let _ = self.cancel.set((key, signal));
+            let _ = self.cancel.set(key);
         }
     }
 

@@ -2,7 +2,7 @@
 //! the running schedulers, storage, and the registry of statements in flight.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -200,7 +200,7 @@ impl Snapshot {
 /// an admitted query can be moved to another workload without being released.
 #[derive(Debug)]
 pub struct Grant {
-    pub workload: String,
+    pub workload: Arc<str>,
     pub attachments: Vec<Attachment>,
     /// Its memory in the MEMORY RESERVATION resource, when it has any.
     pub memory: Option<Arc<crate::memory::StatementMemory>>,
@@ -223,13 +223,15 @@ pub struct Attachment {
 #[derive(Debug, Clone)]
 pub struct Process {
     pub query_id: u64,
-    pub user: String,
-    pub workload: String,
+    // The statement's strings are shared with its record and its grant (one allocation
+    // each per statement, or none: the user is the connection's).
+    pub user: Arc<str>,
+    pub workload: Arc<str>,
     pub waiting_for: Option<String>,
     /// Admitted by every scheduler (until then it is waiting, or about to).
     pub running: bool,
     pub started: Instant,
-    pub query: String,
+    pub query: Arc<str>,
     /// What it holds, once admitted.
     pub grant: Option<Arc<Mutex<Grant>>>,
     /// The connection's process id (`pg_cancel_backend` takes it), when it has one.
@@ -250,36 +252,56 @@ pub struct Classified {
     pub fallback: String,
 }
 
-/// An operator's hand on one statement.
+/// An operator's hand on one statement, and the one signal that ends it early: a `KILL
+/// QUERY`, a cancel request, an eviction and the shutdown's grace running out all stop it
+/// through [`Control::stop_with`], so a statement waits on one flag, not on a source each.
 #[derive(Debug, Default)]
 pub struct Control {
-    /// Notified once by `KILL QUERY`: the statement stops (waiting or running) with `killed`.
-    pub kill: tokio::sync::Notify,
-    pub killed: Mutex<Option<Error>>,
+    /// The first reason it was stopped for.
+    killed: Mutex<Option<Error>>,
+    /// Whether `killed` is set, read without its lock at each poll.
+    stopped: AtomicBool,
+    /// The task that waits on the stop (the statement's connection).
+    waker: futures::task::AtomicWaker,
     /// Notified by `MOVE QUERY` while the statement waits: it queues again in `move_to`.
     pub moved: tokio::sync::Notify,
     pub move_to: Mutex<Option<String>>,
 }
 
 impl Control {
-    /// Stops the statement with `error` (`KILL QUERY`, an eviction), waiting or running; the
-    /// first reason given is the one it fails with.
+    /// Stops the statement with `error`, waiting or running; the first reason given is the
+    /// one it fails with.
     pub fn stop_with(&self, error: Error) {
         self.killed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(error);
-        self.kill.notify_one();
+        self.stopped.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
-    /// Resolves with the error of a `KILL QUERY` aimed at this statement.
+    /// Ready with the reason, once the statement is stopped. One task waits at a time (the
+    /// statement's own); the waker it last polled with is the one woken.
+    pub fn poll_stopped(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Error> {
+        if !self.stopped.load(Ordering::Acquire) {
+            self.waker.register(cx.waker());
+            // Stopped between the load and the registration: its wake may have missed us.
+            if !self.stopped.load(Ordering::Acquire) {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::task::Poll::Ready(
+            self.killed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| Error::new(ErrorCode::QueryWasCancelled, "Query was cancelled")),
+        )
+    }
+
+    /// Resolves with the reason the statement was stopped for.
     pub async fn killed(&self) -> Error {
-        self.kill.notified().await;
-        self.killed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| Error::new(ErrorCode::QueryWasCancelled, "Query was cancelled"))
+        std::future::poll_fn(|cx| self.poll_stopped(cx)).await
     }
 
     /// Resolves with the workload a `MOVE QUERY` asked for.
@@ -318,9 +340,8 @@ pub struct Shared {
     /// DDL is applied one statement at a time.
     ddl: tokio::sync::Mutex<()>,
     processes: Mutex<BTreeMap<u64, Process>>,
-    /// Cancel signals by connection key (pid, secret), for statements whose rows are
-    /// streaming: pgwire's own cancel only reaches a statement until its response starts.
-    cancels: Mutex<std::collections::HashMap<CancelKey, Arc<tokio::sync::watch::Sender<u64>>>>,
+    /// The keys (pid, secret) of connections a cancel request may name ([`Shared::cancel`]).
+    cancels: Mutex<std::collections::HashSet<CancelKey>>,
     /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
     /// its first statement.
     terminations: Mutex<std::collections::HashMap<i32, Arc<tokio::sync::Notify>>>,
@@ -446,7 +467,7 @@ impl Shared {
                         fallback: old.fallback.clone(),
                     })
                 });
-                if to != p.workload {
+                if *to != *p.workload {
                     moves.push((p.query_id, p.workload.clone(), to));
                 }
             }
@@ -462,21 +483,21 @@ impl Shared {
     /// Registers a statement; the guard removes it when the statement ends, however it ends.
     pub fn register(
         self: &Arc<Self>,
-        user: &str,
-        workload: &str,
-        query: &str,
+        user: &Arc<str>,
+        workload: &Arc<str>,
+        query: &Arc<str>,
         pid: Option<i32>,
     ) -> ProcessGuard {
         let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
         let control = Arc::new(Control::default());
         let process = Process {
             query_id,
-            user: user.to_string(),
-            workload: workload.to_string(),
+            user: user.clone(),
+            workload: workload.clone(),
             waiting_for: None,
             running: false,
             started: Instant::now(),
-            query: query.to_string(),
+            query: query.clone(),
             grant: None,
             pid,
             control: control.clone(),
@@ -486,6 +507,10 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(query_id, process);
+        // Registered as the grace period ran out, after `set_phase` stopped the others.
+        if self.phase() >= Phase::Terminating {
+            control.stop_with(shutting_down(Phase::Terminating));
+        }
         ProcessGuard {
             shared: self.clone(),
             query_id,
@@ -524,18 +549,16 @@ impl Shared {
 
     /// Sets the workload statement `query_id` is shown in (a waiting one that was moved).
     pub fn show_in(&self, query_id: u64, workload: &str) {
-        self.update(query_id, |p| p.workload = workload.to_string());
+        self.update(query_id, |p| p.workload = Arc::from(workload));
     }
 
-    /// The cancel signal of the connection with `key`: its value changes with each cancel
-    /// request. Registered until [`Shared::forget_cancel`].
-    pub fn cancel_signal(&self, key: CancelKey) -> Arc<tokio::sync::watch::Sender<u64>> {
+    /// Registers the connection with `key` for cancel requests (until
+    /// [`Shared::forget_cancel`]).
+    pub fn cancellable(&self, key: CancelKey) {
         self.cancels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_insert_with(|| Arc::new(tokio::sync::watch::Sender::new(0)))
-            .clone()
+            .insert(key);
     }
 
     /// Registers connection `pid`'s close signal.
@@ -569,16 +592,30 @@ impl Shared {
             .remove(key);
     }
 
-    /// A cancel request for connection `key` (the statement streaming there, if any, stops).
+    /// A cancel request for connection `key`: its statement stops, waiting or running
+    /// (pgwire's own cancel only reaches a statement until its response starts, and never
+    /// one that is forwarded upstream). Nothing happens for a key not registered.
     pub fn cancel(&self, key: &CancelKey) {
-        let signal = self
+        if !self
             .cancels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned();
-        if let Some(signal) = signal {
-            signal.send_modify(|n| *n += 1);
+            .contains(key)
+        {
+            return;
+        }
+        let pid = Some(key.0);
+        for p in self
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|p| p.pid == pid)
+        {
+            p.control.stop_with(Error::new(
+                ErrorCode::QueryWasCancelled,
+                "canceling statement due to user request",
+            ));
         }
     }
 
@@ -625,9 +662,10 @@ impl Shared {
             }
             attachment.in_flight = self.metrics.series(&attachment.resource, workload).held();
         }
-        grant.workload = workload.to_string();
+        let moved_to: Arc<str> = Arc::from(workload);
+        grant.workload = moved_to.clone();
         drop(grant);
-        self.update(query_id, |p| p.workload = workload.to_string());
+        self.update(query_id, |p| p.workload = moved_to);
         tracing::info!(query_id, workload, "query moved");
         Ok(())
     }
@@ -650,7 +688,7 @@ impl Shared {
 
     /// The workload query `query_id` counts in now (`None` once it has ended).
     pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
-        self.process(query_id, |p| Some(p.workload.clone()))
+        self.process(query_id, |p| Some(p.workload.to_string()))
     }
 
     /// Demotes running query `query_id` to `to` ([`Shared::move_query`]), noting where it came
@@ -667,7 +705,7 @@ impl Shared {
             .clone();
         self.move_query(query_id, to)?;
         let mut held = grant.lock().unwrap_or_else(|p| p.into_inner());
-        held.demoted = Some((from.clone(), std::time::SystemTime::now()));
+        held.demoted = Some((from.to_string(), std::time::SystemTime::now()));
         // Once per resource (a query holds several CPU slots of one).
         let mut resources: Vec<&str> = held
             .attachments
@@ -689,9 +727,21 @@ impl Shared {
         *self.phase.borrow()
     }
 
+    /// Moves the server to `phase`. From [`Phase::Terminating`] on, every statement still
+    /// registered is stopped (and so is any registered later: [`Shared::register`]).
     pub fn set_phase(&self, phase: Phase) {
         tracing::info!(?phase, "server phase");
         self.phase.send_replace(phase);
+        if phase >= Phase::Terminating {
+            for p in self
+                .processes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+            {
+                p.control.stop_with(shutting_down(Phase::Terminating));
+            }
+        }
     }
 
     /// Completes once the server has reached `phase`.

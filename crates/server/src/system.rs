@@ -32,7 +32,7 @@ fn batch(columns: Vec<(&str, ArrayRef)>) -> Result<RecordBatch> {
     .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))
 }
 
-fn strings<I: IntoIterator<Item = Option<String>>>(values: I) -> ArrayRef {
+fn strings<S: AsRef<str>, I: IntoIterator<Item = Option<S>>>(values: I) -> ArrayRef {
     Arc::new(StringArray::from_iter(values))
 }
 
@@ -571,7 +571,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
             ),
             (
                 "fingerprint",
-                strings(log.iter().map(|r| Some(r.fingerprint.clone()))),
+                strings(log.iter().map(|r| Some(r.fingerprint.id.as_str()))),
             ),
             ("arrived", timestamps(log.iter().map(|r| Some(r.arrived)))),
             ("admitted", timestamps(log.iter().map(|r| r.admitted))),

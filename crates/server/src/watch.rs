@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -69,49 +69,86 @@ impl ClientWatch {
     /// Completes once the client has closed its connection, reset it, or sent `Terminate`;
     /// never while it is connected (pipelined input included).
     pub async fn gone(&self) {
+        let mut watching = Watching::starting_now();
+        std::future::poll_fn(|cx| self.poll_gone(cx, &mut watching)).await
+    }
+
+    /// [`ClientWatch::gone`] as a poll, for a statement's stop: `watching` is where this
+    /// statement's watch is (made when the statement starts).
+    pub fn poll_gone(&self, cx: &mut Context<'_>, watching: &mut Watching) -> Poll<()> {
         let Some(socket) = &self.socket else {
-            return std::future::pending().await;
+            return Poll::Pending;
         };
-        self.until(Instant::now() + WATCH_AFTER).await;
-        let mut head = [0u8; 5];
         loop {
-            match socket.peek(&mut head).await {
-                Ok(0) => return,
-                Ok(n) if head[..n] == TERMINATE[..n] => {
-                    if n == TERMINATE.len() {
-                        return;
-                    }
-                    // A Terminate still arriving: look again shortly.
-                    tokio::time::sleep(WATCH_AFTER).await;
+            match watching.0 {
+                Look::At(due) => {
+                    std::task::ready!(self.poll_until(cx, due));
+                    watching.0 = Look::Peek;
                 }
-                // Input for the next statement: the client is there.
-                Ok(_) => return std::future::pending().await,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
+                Look::Peek => {
+                    let mut head = [0u8; 5];
+                    let mut read = tokio::io::ReadBuf::new(&mut head);
+                    match std::task::ready!(socket.poll_peek(cx, &mut read)) {
+                        Ok(0) => return Poll::Ready(()),
+                        Ok(n) if head[..n] == TERMINATE[..n] => {
+                            if n == TERMINATE.len() {
+                                return Poll::Ready(());
+                            }
+                            // A Terminate still arriving: look again shortly.
+                            watching.0 = Look::At(Instant::now() + WATCH_AFTER);
+                        }
+                        // Input for the next statement: the client is there.
+                        Ok(_) => watching.0 = Look::Never,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => return Poll::Ready(()),
+                    }
+                }
+                Look::Never => return Poll::Pending,
             }
         }
     }
 
-    /// Completes at `due` or later, on the connection's timer. Its waits come from the
+    /// Ready at `due` or later, on the connection's timer. Its waits come from the
     /// statement in progress (admission, then the run's stop), all polled by the connection's
     /// task, one at a time; should two of that task overlap, the timer goes to the later
     /// deadline and the earlier wait completes then (late, never early). The timer wakes only
     /// the task that polled it last: a wait polled from another task would need its own.
+    fn poll_until(&self, cx: &mut Context<'_>, due: Instant) -> Poll<()> {
+        if Instant::now() >= due {
+            return Poll::Ready(());
+        }
+        let mut timer = self.timer.lock().unwrap_or_else(|p| p.into_inner());
+        let sleep = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if sleep.deadline() < due {
+            sleep.as_mut().reset(due);
+        }
+        // Ready (its deadline passed) with `now` before `due` cannot happen: the deadline
+        // is at least `due`.
+        sleep.as_mut().poll(cx)
+    }
+
+    #[cfg(test)]
     async fn until(&self, due: Instant) {
-        std::future::poll_fn(|cx| {
-            if Instant::now() >= due {
-                return Poll::Ready(());
-            }
-            let mut timer = self.timer.lock().unwrap_or_else(|p| p.into_inner());
-            let sleep = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
-            if sleep.deadline() < due {
-                sleep.as_mut().reset(due);
-            }
-            // Ready (its deadline passed) with `now` before `due` cannot happen: the deadline
-            // is at least `due`.
-            sleep.as_mut().poll(cx)
-        })
-        .await
+        std::future::poll_fn(|cx| self.poll_until(cx, due)).await
+    }
+}
+
+/// Where one statement's watch over its client is: waiting out [`WATCH_AFTER`] from the
+/// statement's start, looking at the socket, or satisfied that the client is there.
+#[derive(Debug)]
+pub struct Watching(Look);
+
+#[derive(Debug)]
+enum Look {
+    At(Instant),
+    Peek,
+    Never,
+}
+
+impl Watching {
+    /// A statement starting now.
+    pub fn starting_now() -> Watching {
+        Watching(Look::At(Instant::now() + WATCH_AFTER))
     }
 }
 

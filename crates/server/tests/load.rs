@@ -53,7 +53,7 @@ async fn two_hundred_clients_never_exceed_eight_running_and_nothing_leaks() {
                 let running = shared
                     .processes()
                     .iter()
-                    .filter(|p| p.running && workloads.contains(&p.workload.as_str()))
+                    .filter(|p| p.running && workloads.contains(&&*p.workload))
                     .count();
                 peak.fetch_max(running, Ordering::Relaxed);
                 samples.fetch_add(1, Ordering::Relaxed);

@@ -524,6 +524,27 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
         .await,
         ["q"]
     );
+    // A cancel reaches a forwarded statement still waiting for its slot: it leaves the queue
+    // (nothing of it was sent upstream yet).
+    let impatient = s.through().await;
+    let impatient_cancel = impatient.cancel_token();
+    let gave_up = tokio::spawn(async move {
+        impatient
+            .simple_query("SELECT 43 SETTINGS workload = 'all'")
+            .await
+    });
+    until_waiting(&admin, 2).await;
+    impatient_cancel
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel");
+    let e = tokio::time::timeout(Duration::from_secs(30), gave_up)
+        .await
+        .expect("a cancel ends the wait")
+        .expect("joined")
+        .expect_err("cancelled while waiting");
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("57014"));
+    until_waiting(&admin, 1).await;
     // A cancel to sluice stops the upstream statement and frees the slot.
     cancel
         .cancel_query(tokio_postgres::NoTls)
