@@ -39,8 +39,7 @@ use futures::SinkExt;
 use pgwire::api::ClientInfo;
 use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::extendedquery::{
-    Close, Describe, Flush, Parse, Sync as SyncMessage, TARGET_TYPE_BYTE_PORTAL,
-    TARGET_TYPE_BYTE_STATEMENT,
+    Close, Describe, Flush, Parse, TARGET_TYPE_BYTE_PORTAL, TARGET_TYPE_BYTE_STATEMENT,
 };
 use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::simplequery::Query as QueryMessage;
@@ -533,6 +532,8 @@ pub struct Forwarder {
     /// The last batch's list of answers, kept empty for the next (a round trip allocates
     /// none).
     spare_answers: VecDeque<Expect>,
+    /// The last batch's bytes for the upstream, kept empty for the next (as `spare_answers`).
+    spare_out: BytesMut,
     failed: Failed,
     /// Forwarded messages were sent since the last Sync (the Sync goes upstream too).
     in_batch: bool,
@@ -575,6 +576,7 @@ impl Forwarder {
             portals: NameMap::default(),
             pending: Vec::new(),
             spare_answers: VecDeque::new(),
+            spare_out: BytesMut::new(),
             failed: Failed::No,
             in_batch: false,
             running: None,
@@ -890,7 +892,7 @@ impl Forwarder {
             if !self.begin(socket, connection, Some(&admit_as)).await? {
                 return self.ready(socket).await;
             }
-            let mut out = BytesMut::new();
+            let mut out = std::mem::take(&mut self.spare_out);
             encode(&QueryMessage::new(sql), &mut out);
             self.mark(changes_session);
             return self
@@ -909,7 +911,7 @@ impl Forwarder {
                     if !self.begin(socket, connection, Some(&f)).await? {
                         false
                     } else {
-                        let mut out = BytesMut::new();
+                        let mut out = std::mem::take(&mut self.spare_out);
                         encode(&QueryMessage::new(f.sql.clone()), &mut out);
                         self.mark(f.changes_session);
                         let answers = VecDeque::from([Expect::new(Answer::Piece)]);
@@ -1006,7 +1008,7 @@ impl Forwarder {
             return self.ready(socket).await;
         };
         let pooled = self.upstream.options.pool_mode == PoolMode::Transaction;
-        let mut out = BytesMut::new();
+        let mut out = std::mem::take(&mut self.spare_out);
         let mut answers = std::mem::take(&mut self.spare_answers);
         let mut dirty = self.upstream.options.pool_mode == PoolMode::Session;
         if self.failed == Failed::No {
@@ -1019,7 +1021,7 @@ impl Forwarder {
         self.pending = steps;
         lent.dirty |= dirty;
         if sync {
-            encode(&SyncMessage::new(), &mut out);
+            out.extend_from_slice(&SYNC);
             answers.push_back(Expect::relay(Ends::Ready));
             self.failed = Failed::No;
         } else {
@@ -1178,7 +1180,7 @@ impl Forwarder {
     async fn relay<S, T>(
         &mut self,
         socket: &mut Socket<S, T>,
-        out: BytesMut,
+        mut out: BytesMut,
         mut answers: VecDeque<Expect>,
         settle: bool,
     ) -> ClientResult<()>
@@ -1197,7 +1199,12 @@ impl Forwarder {
             .filter(|a| a.answer.ends() == Ends::Ready)
             .count();
         lent.awaiting += readies;
-        if let Err(e) = lent.send(&out).await {
+        let sent = lent.send(&out).await;
+        if out.capacity() > self.spare_out.capacity() {
+            out.clear();
+            self.spare_out = out;
+        }
+        if let Err(e) = sent {
             return self.lost(socket, e, readies > 0).await;
         }
         let mut got_ready = false;
@@ -1662,6 +1669,9 @@ where
     SinkExt::<PgWireBackendMessage>::flush(socket).await?;
     socket.get_mut().write_all(bytes).await
 }
+
+/// A Sync message, whole.
+const SYNC: [u8; 5] = [b'S', 0, 0, 0, 4];
 
 fn encode<M: Message>(message: &M, out: &mut BytesMut) {
     // Encoding into memory cannot fail for messages pgwire decoded.

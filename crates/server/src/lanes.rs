@@ -162,21 +162,21 @@ impl LaneBook {
         let mut state = self.lock();
         state.clock += 1;
         let clock = state.clock;
-        if !state.entries.contains_key(&fingerprint.id) && state.entries.len() >= MAX_FINGERPRINTS {
-            let oldest = state
-                .entries
-                .iter()
-                .filter(|(_, e)| e.lane.is_none())
-                .min_by_key(|(_, e)| e.last_seen)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(id) => {
-                    state.entries.remove(&id);
-                }
-                None => return Ok(()), // every kept one has a lane: keep those, learn no more
-            }
-        }
         if !state.entries.contains_key(&fingerprint.id) {
+            if state.entries.len() >= MAX_FINGERPRINTS {
+                let oldest = state
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| e.lane.is_none())
+                    .min_by_key(|(_, e)| e.last_seen)
+                    .map(|(id, _)| id.clone());
+                match oldest {
+                    Some(id) => {
+                        state.entries.remove(&id);
+                    }
+                    None => return Ok(()), // every kept one has a lane: keep those, learn no more
+                }
+            }
             state
                 .entries
                 .insert(fingerprint.id.clone(), Entry::default());
@@ -301,27 +301,26 @@ impl LaneBook {
     }
 }
 
-/// Where a statement asked to run in `requested` is admitted: the lane its fingerprint is
-/// pinned to, or the lane it was learned to need when `requested` demotes there (`demotion`),
-/// else `requested`. A user pinned to a workload (`user_pinned`) stays in it; a lane that is
+/// Where a statement is admitted instead of the workload it asked for: the lane its
+/// fingerprint is pinned to, or the lane it was learned to need when the workload it asked
+/// for demotes there (`demotion`); `None`: where it asked. A user pinned to a workload (`user_pinned`) stays in it; a lane that is
 /// no longer a leaf of `catalog` (dropped, or given children since) is not used.
 pub fn lane_for(
     book: &LaneBook,
     catalog: &sluice_catalog::Catalog,
     user_pinned: bool,
-    requested: &str,
     demotion: Option<&sluice_catalog::Demotion>,
     fingerprint: &Fingerprint,
-) -> String {
+) -> Option<String> {
     let lane = match book.lane(&fingerprint.id) {
         Some((lane, true)) if !user_pinned => lane,
         Some((lane, false)) if demotion.is_some_and(|d| d.to == lane) => lane,
-        _ => return requested.to_string(),
+        _ => return None,
     };
     if catalog.workload(&lane).is_none() || catalog.children_of(&lane).next().is_some() {
-        return requested.to_string();
+        return None;
     }
-    lane
+    Some(lane)
 }
 
 /// Demotes query `query_id`, admitted at `since`, each time it outlives the `demote_after` of

@@ -190,7 +190,8 @@ enum Block {
 /// A connection's handlers and state.
 pub struct Connection {
     shared: Arc<Shared>,
-    session: Box<dyn Session>,
+    /// Its engine session, made at its first engine statement (see [`Connection::session`]).
+    session: std::sync::OnceLock<Box<dyn Session>>,
     /// Session variables: `workload`, and whatever else clients `SET`.
     /// (foldhash: every statement looks its workload up here.)
     vars: Mutex<HashMap<String, String, foldhash::fast::RandomState>>,
@@ -201,7 +202,7 @@ pub struct Connection {
     /// This connection's cancel key, registered at its first statement.
     cancel: std::sync::OnceLock<CancelKey>,
     /// Notified by `pg_terminate_backend`: the connection closes (its message loop watches).
-    pub terminate: Arc<tokio::sync::Notify>,
+    pub terminate: Arc<crate::state::Flag>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
     /// The fingerprints of the statements this connection ran lately, by text with literals
@@ -213,6 +214,9 @@ pub struct Connection {
     database: std::sync::OnceLock<String>,
     /// The user it logged in as (see [`Connection::user`]).
     user: std::sync::OnceLock<Arc<str>>,
+    /// The workload its last statement was admitted in, shared by that statement's records
+    /// and by the next one's when it runs there too (most do).
+    last_workload: Mutex<Option<Arc<str>>>,
 }
 
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
@@ -461,10 +465,9 @@ impl Stream for Stoppable {
 
 impl Connection {
     pub fn new(shared: Arc<Shared>, manager: Arc<ConnectionManager>, watch: ClientWatch) -> Self {
-        let session = shared.engine.session();
         Connection {
             shared,
-            session,
+            session: std::sync::OnceLock::new(),
             vars: Mutex::default(),
             block: Mutex::new(Block::None),
             manager,
@@ -477,12 +480,22 @@ impl Connection {
             peer: None,
             database: std::sync::OnceLock::new(),
             user: std::sync::OnceLock::new(),
+            last_workload: Mutex::default(),
         }
     }
 
     /// What the server shares.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The connection's engine session. Made when first asked for: an embedded session costs
+    /// as much as hundreds of forwarded statements (DataFusion registers every function in
+    /// it), and in upstream mode most connections never run a statement on the engine.
+    fn session(&self) -> &dyn Session {
+        self.session
+            .get_or_init(|| self.shared.engine.session())
+            .as_ref()
     }
 
     /// The connection's client is at `peer`.
@@ -949,14 +962,13 @@ impl Connection {
             (None, None) => self.fallback_workload(user),
         };
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
-        let workload = self.lane_of(
+        let workload = self.shared_name(&self.lane_of(
             &snapshot.catalog,
             user,
-            &requested,
+            requested,
             judged_by.as_ref(),
             &fingerprint,
-        );
-        let workload: Arc<str> = Arc::from(workload);
+        ));
         // One copy of the text for the statement's process entry and its record (none for a
         // prepared statement's run: it keeps its copy).
         let text = match memo {
@@ -981,6 +993,15 @@ impl Connection {
         .await
     }
 
+    /// `workload` as the connection's last statement had it, or anew.
+    fn shared_name(&self, workload: &str) -> Arc<str> {
+        let mut last = self.last_workload.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some(name) if **name == *workload => name.clone(),
+            _ => last.insert(Arc::from(workload)).clone(),
+        }
+    }
+
     /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
     /// statement run with new values each time (most are) is lexed for it once.
     fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
@@ -999,7 +1020,7 @@ impl Connection {
 
     /// The statements `predicate` matches in `system.processes` that `user` may act on.
     async fn matching(&self, user: &str, predicate: &str) -> Result<Vec<crate::operator::Matched>> {
-        crate::operator::matching(&self.shared, self.session.as_ref(), user, predicate).await
+        crate::operator::matching(&self.shared, self.session(), user, predicate).await
     }
 
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
@@ -1007,7 +1028,7 @@ impl Connection {
         &self,
         catalog: &sluice_catalog::Catalog,
         user: &str,
-        requested: &str,
+        requested: String,
         demotion: Option<&sluice_catalog::Demotion>,
         fingerprint: &sluice_sql::Fingerprint,
     ) -> String {
@@ -1020,10 +1041,10 @@ impl Connection {
             &self.shared.lanes,
             catalog,
             user_pinned,
-            requested,
             demotion,
             fingerprint,
         )
+        .unwrap_or(requested)
     }
 
     /// Waits for one slot of each resource of `order` in turn (a QUERY slot, a master thread),
@@ -1043,6 +1064,7 @@ impl Connection {
     ) -> Result<()> {
         let mut resources = order.iter().copied();
         let mut next = resources.next();
+        let mut shown_waiting = false;
         'resources: while let Some((resource, scheduler)) = next {
             if !scheduler.has_workload(workload) {
                 if self.shared.options.throw_on_unknown_workload {
@@ -1060,6 +1082,7 @@ impl Connection {
             })?;
             let mut counted_waiting = series.waiting();
             if !acquire.is_granted() {
+                shown_waiting = true;
                 guard.waiting_for(Some(resource));
                 notices
                     .notice(
@@ -1125,7 +1148,10 @@ impl Connection {
                 cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
                     .then_some(0),
             });
-            guard.waiting_for(None);
+            // Only a wait was shown: most statements are granted at once.
+            if std::mem::take(&mut shown_waiting) {
+                guard.waiting_for(None);
+            }
             next = resources.next();
         }
         Ok(())
@@ -1373,7 +1399,7 @@ impl Connection {
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
-            output = self.session.execute(&query.text, options, params) => output?,
+            output = self.session().execute(&query.text, options, params) => output?,
             e = &mut stop => return Err(e),
         };
         Ok(match output {
@@ -1429,7 +1455,7 @@ impl Connection {
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
             ClientStatement::Query(query) => {
                 crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
-                self.session.describe(&query.text).await?
+                self.session().describe(&query.text).await?
             }
         })
     }
@@ -1444,7 +1470,7 @@ impl Connection {
     ) -> Result<Vec<Type>> {
         let inferred = match statement {
             ClientStatement::Query(query) if query.text.contains('$') => {
-                self.session.parameter_types(&query.text).await?
+                self.session().parameter_types(&query.text).await?
             }
             ClientStatement::Query(_) => Vec::new(),
             // Not for the engine: announce the placeholders anyway, so the client binds and

@@ -190,14 +190,8 @@ async fn one(
         None => classify(catalog, &arrival, &fingerprint).unwrap_or_else(|| "default".into()),
     };
     let judged_by = catalog.lanes(&requested).demotion;
-    let admitted_in = lane_for(
-        book,
-        catalog,
-        false,
-        &requested,
-        judged_by.as_ref(),
-        &fingerprint,
-    );
+    let admitted_in = lane_for(book, catalog, false, judged_by.as_ref(), &fingerprint)
+        .unwrap_or_else(|| requested.clone());
     let mut fate = Fate {
         index,
         requested,

@@ -252,6 +252,34 @@ pub struct Classified {
     pub fallback: String,
 }
 
+/// A signal raised once, from any thread, and awaited by one task at a time: a poll is an
+/// atomic load and a waker check, where a `Notify`'s takes a lock (a connection's loop polls
+/// its termination signal at every message).
+#[derive(Debug, Default)]
+pub struct Flag {
+    raised: AtomicBool,
+    waker: futures::task::AtomicWaker,
+}
+
+impl Flag {
+    pub fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Ready once raised; the waker it last polled with is the one woken.
+    pub fn poll_raised(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if !self.raised.load(Ordering::Acquire) {
+            self.waker.register(cx.waker());
+            // Raised between the load and the registration: its wake may have missed us.
+            if !self.raised.load(Ordering::Acquire) {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::task::Poll::Ready(())
+    }
+}
+
 /// An operator's hand on one statement, and the one signal that ends it early: a `KILL
 /// QUERY`, a cancel request, an eviction and the shutdown's grace running out all stop it
 /// through [`Control::stop_with`], so a statement waits on one flag, not on a source each.
@@ -259,10 +287,8 @@ pub struct Classified {
 pub struct Control {
     /// The first reason it was stopped for.
     killed: Mutex<Option<Error>>,
-    /// Whether `killed` is set, read without its lock at each poll.
-    stopped: AtomicBool,
-    /// The task that waits on the stop (the statement's connection).
-    waker: futures::task::AtomicWaker,
+    /// Raised once `killed` is set; the statement's connection waits on it.
+    stopped: Flag,
     /// Notified by `MOVE QUERY` while the statement waits: it queues again in `move_to`.
     pub moved: tokio::sync::Notify,
     pub move_to: Mutex<Option<String>>,
@@ -276,20 +302,13 @@ impl Control {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(error);
-        self.stopped.store(true, Ordering::Release);
-        self.waker.wake();
+        self.stopped.raise();
     }
 
     /// Ready with the reason, once the statement is stopped. One task waits at a time (the
     /// statement's own); the waker it last polled with is the one woken.
     pub fn poll_stopped(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Error> {
-        if !self.stopped.load(Ordering::Acquire) {
-            self.waker.register(cx.waker());
-            // Stopped between the load and the registration: its wake may have missed us.
-            if !self.stopped.load(Ordering::Acquire) {
-                return std::task::Poll::Pending;
-            }
-        }
+        std::task::ready!(self.stopped.poll_raised(cx));
         std::task::Poll::Ready(
             self.killed
                 .lock()
@@ -344,7 +363,7 @@ pub struct Shared {
     cancels: Mutex<std::collections::HashSet<CancelKey>>,
     /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
     /// its first statement.
-    terminations: Mutex<std::collections::HashMap<i32, Arc<tokio::sync::Notify>>>,
+    terminations: Mutex<std::collections::HashMap<i32, Arc<Flag>>>,
     next_query_id: AtomicU64,
     phase: tokio::sync::watch::Sender<Phase>,
 }
@@ -562,7 +581,7 @@ impl Shared {
     }
 
     /// Registers connection `pid`'s close signal.
-    pub fn terminable(&self, pid: i32, signal: Arc<tokio::sync::Notify>) {
+    pub fn terminable(&self, pid: i32, signal: Arc<Flag>) {
         self.terminations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -578,7 +597,7 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .get(&pid)
             .cloned();
-        signal.inspect(|s| s.notify_one()).is_some()
+        signal.inspect(|s| s.raise()).is_some()
     }
 
     pub fn forget_cancel(&self, key: &CancelKey) {

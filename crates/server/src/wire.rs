@@ -287,7 +287,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     tcp: TcpStream,
     tls: Option<TlsAcceptor>,
     handlers: H,
-    terminate: Arc<tokio::sync::Notify>,
+    terminate: Arc<crate::state::Flag>,
     mut forwarding: Option<(crate::forward::Forwarder, Arc<crate::session::Connection>)>,
 ) -> io::Result<()> {
     let startup_deadline = tokio::time::sleep(STARTUP_TIMEOUT);
@@ -318,9 +318,6 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     } else {
         |_| false
     };
-    // One registration for the connection's life, not one per message.
-    let terminated = terminate.notified();
-    tokio::pin!(terminated);
     loop {
         let starting = matches!(
             socket.state(),
@@ -337,7 +334,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 biased;
                 // pg_terminate_backend: its statement was stopped; the connection closes with
                 // PostgreSQL's FATAL (57P01), idle or between statements.
-                _ = &mut terminated => {
+                _ = std::future::poll_fn(|cx| terminate.poll_raised(cx)) => {
                     let fatal = ErrorInfo::new(
                         "FATAL".to_owned(),
                         "57P01".to_owned(),
