@@ -17,8 +17,9 @@
 //! that to the workload and grants the next quantum when the tree says it is the statement's
 //! turn. Until then every task of that slot answers `Pending` at its outermost leased stream:
 //! the slot is preempted at a batch boundary. A task that waits for input (`Pending`) while
-//! others wait for a slot renews at once, charged what it used: it gives back a slot it is not
-//! using rather than hold it idle to the end of its quantum. A worker slot whose renewal waits too long is
+//! others wait for a slot, or while another slot of its statement is being renewed, renews at
+//! once, charged what it used: it gives back a slot it is not using rather than hold it idle
+//! to the end of its quantum. A worker slot whose renewal waits too long is
 //! given up (the server's `cpu_slot_preemption_timeout_ms`): its partitions then run under the
 //! master's slot (`slot_of` answers 0 for them) — DataFusion cannot take partitions out of a
 //! running plan, so the statement downscales by folding their work onto the slots it keeps.
@@ -118,6 +119,16 @@ impl SlotMeter {
 /// The meters of a statement's slots, shared by all its leased nodes.
 struct Meters {
     slots: Vec<SlotMeter>,
+}
+
+impl Meters {
+    /// Whether a slot other than `slot` has a renewal under way.
+    fn renewing_besides(&self, slot: usize) -> bool {
+        self.slots
+            .iter()
+            .enumerate()
+            .any(|(i, m)| i != slot && m.renewing().is_some())
+    }
 }
 
 impl Drop for Meters {
@@ -361,7 +372,13 @@ impl LeasedStream {
     /// of the statement whose tasks all wait for input: a task that went idle before anyone
     /// waited would otherwise hold its slot until it wakes.
     fn maybe_renew(&mut self, slot: usize, waits: bool, cx: &mut Context<'_>) -> DfResult<()> {
-        let contended = waits && self.lease.contended();
+        // A task that goes idle while another slot of its statement is being renewed (given
+        // back, and perhaps preempted) gives its slot back too, contended or not yet: its
+        // input most likely comes from that slot's tasks, and an idle slot kept through the
+        // other's wait would stay unrenewed for as long as it lasts — never preempted, and
+        // never downscaled, should whoever the tree serves first arrive only after this task
+        // went idle.
+        let contended = waits && (self.lease.contended() || self.meters.renewing_besides(slot));
         let quantum = if contended {
             1
         } else {
@@ -472,5 +489,91 @@ impl Stream for LeasedStream {
 impl RecordBatchStream for LeasedStream {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    use std::sync::Mutex;
+
+    /// A lease whose quantum never runs out and which is contended only until slot 0's first
+    /// renewal starts; that renewal waits until `release` is notified.
+    #[derive(Debug, Default)]
+    struct HeldBack {
+        renewals: Mutex<Vec<usize>>,
+        slot_0_held: std::sync::atomic::AtomicBool,
+        release: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl CpuLease for HeldBack {
+        fn quantum(&self) -> Duration {
+            Duration::from_secs(3600)
+        }
+        fn slots(&self) -> usize {
+            2
+        }
+        fn slot_of(&self, partition: usize) -> usize {
+            partition % 2
+        }
+        fn contended(&self) -> bool {
+            !self.slot_0_held.load(Ordering::SeqCst)
+        }
+        async fn renew(&self, slot: usize, _used: Duration) -> sluice_sql::Result<()> {
+            self.renewals.lock().expect("not poisoned").push(slot);
+            if slot == 0 && !self.slot_0_held.swap(true, Ordering::SeqCst) {
+                self.release.notified().await;
+            }
+            Ok(())
+        }
+    }
+
+    /// While slot 0 waits for its renewal, the partition of slot 1 runs out of input (the
+    /// generator is slot 0's) and goes idle with nobody else waiting: it gives its slot back
+    /// all the same, where it used to keep it unrenewed until slot 0 came back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_slot_is_given_back_while_another_is_renewed() {
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        let plan = ctx
+            .sql("SELECT sum(g % 7) FROM generate_series(1, 20000000) AS t(g)")
+            .await
+            .expect("plans")
+            .create_physical_plan()
+            .await
+            .expect("physical plan");
+        let lease = Arc::new(HeldBack::default());
+        let plan = leased(plan, lease.clone()).expect("leased");
+        let run = tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
+        let slot_1_renewed_while_0_waits = async {
+            loop {
+                if lease.slot_0_held.load(Ordering::SeqCst) {
+                    let renewals = lease.renewals.lock().expect("not poisoned").clone();
+                    let held_at = renewals
+                        .iter()
+                        .position(|&s| s == 0)
+                        .expect("slot 0 renewed");
+                    if renewals[held_at..].contains(&1) {
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let seen =
+            tokio::time::timeout(Duration::from_secs(20), slot_1_renewed_while_0_waits).await;
+        lease.release.notify_one();
+        let batches = run.await.expect("joined").expect("runs");
+        assert!(
+            seen.is_ok(),
+            "slot 1 was never renewed while slot 0 waited: {:?}",
+            lease.renewals
+        );
+        let sum = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .expect("formats")
+            .to_string();
+        // sum of g % 7 for g in 1..=20,000,000: 2,857,142 cycles of 21, then 1+2+3+4+5+6.
+        assert!(sum.contains("60000003"), "{sum}");
     }
 }
