@@ -52,8 +52,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
 use crate::record::RunRecord;
-use crate::session::StatementMemo;
-use crate::session::{Admitted, Connection};
+use crate::session::{Admitted, Connection, StatementMemo};
 use crate::wire::{next_incoming, Corked, Incoming};
 
 /// `[upstream]` / `--upstream`.
@@ -1200,7 +1199,9 @@ impl Forwarder {
             .count();
         lent.awaiting += readies;
         let sent = lent.send(&out).await;
-        if out.capacity() > self.spare_out.capacity() {
+        // Kept for the next batch, unless a large one (a big Bind) would stay with the
+        // connection for the rest of its life.
+        if out.capacity() > self.spare_out.capacity() && out.capacity() <= KEEP_AT_MOST {
             out.clear();
             self.spare_out = out;
         }
@@ -1672,6 +1673,9 @@ where
 
 /// A Sync message, whole.
 const SYNC: [u8; 5] = [b'S', 0, 0, 0, 4];
+
+/// The most a connection keeps of a batch's buffer for the next one.
+const KEEP_AT_MOST: usize = 64 * 1024;
 
 fn encode<M: Message>(message: &M, out: &mut BytesMut) {
     // Encoding into memory cannot fail for messages pgwire decoded.
