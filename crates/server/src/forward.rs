@@ -237,19 +237,23 @@ pub struct Forwarded {
     memo: StatementMemo,
 }
 
+impl Forwarded {
+    fn new(sql: String, query: Query, changes_session: bool) -> Forwarded {
+        Forwarded {
+            sql,
+            query,
+            changes_session,
+            memo: StatementMemo::default(),
+        }
+    }
+}
+
 /// `text` as one forwarded statement; `None` if it is sluice's own.
 fn forwarded(text: &str) -> Option<Forwarded> {
     let statement = match sluice_sql::statement(text) {
         Ok(Some(s)) => s,
         // Empty, or not one statement sluice can read: the upstream says what it makes of it.
-        Ok(None) | Err(_) => {
-            return Some(Forwarded {
-                sql: text.to_string(),
-                query: utility(text),
-                changes_session: false,
-                memo: StatementMemo::default(),
-            })
-        }
+        Ok(None) | Err(_) => return Some(Forwarded::new(text.to_string(), utility(text), false)),
     };
     if is_sluices(&statement) {
         return None;
@@ -270,12 +274,7 @@ fn forwarded(text: &str) -> Option<Forwarded> {
             ) || sluice_sql::mentions(text, "set_config")
                 || sluice_sql::mentions(text, "pg_advisory")
                 || sluice_sql::mentions(text, "prepare");
-            Forwarded {
-                sql,
-                query,
-                changes_session,
-                memo: StatementMemo::default(),
-            }
+            Forwarded::new(sql, query, changes_session)
         }
         ClientStatement::Transaction(_) => tail_cut(text, false),
         _ => tail_cut(text, true),
@@ -286,21 +285,14 @@ fn forwarded(text: &str) -> Option<Forwarded> {
 /// `SETTINGS` tail, if any, cut off and honoured like a query's.
 fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
     match sluice_sql::split_settings(text) {
-        Ok(markup) if !markup.settings.is_empty() => Forwarded {
-            query: Query {
+        Ok(markup) if !markup.settings.is_empty() => {
+            let query = Query {
                 settings: markup.settings,
                 ..utility(&markup.query)
-            },
-            sql: markup.query,
-            changes_session,
-            memo: StatementMemo::default(),
-        },
-        _ => Forwarded {
-            sql: text.to_string(),
-            query: utility(text),
-            changes_session,
-            memo: StatementMemo::default(),
-        },
+            };
+            Forwarded::new(markup.query, query, changes_session)
+        }
+        _ => Forwarded::new(text.to_string(), utility(text), changes_session),
     }
 }
 
@@ -882,12 +874,7 @@ impl Forwarder {
             let admit_as = pieces
                 .into_iter()
                 .find_map(|(_, f)| f)
-                .unwrap_or_else(|| Forwarded {
-                    sql: text.clone(),
-                    query: utility(&text),
-                    changes_session: false,
-                    memo: StatementMemo::default(),
-                });
+                .unwrap_or_else(|| Forwarded::new(text.clone(), utility(&text), false));
             if !self.begin(socket, connection, Some(&admit_as)).await? {
                 return self.ready(socket).await;
             }
@@ -981,12 +968,7 @@ impl Forwarder {
         }) {
             Some(Some(prepared)) => Some(&prepared.forwarded),
             Some(None) => {
-                unknown = Forwarded {
-                    sql: String::new(),
-                    query: utility(""),
-                    changes_session: false,
-                    memo: StatementMemo::default(),
-                };
+                unknown = Forwarded::new(String::new(), utility(""), false);
                 Some(&unknown)
             }
             None => None,

@@ -43,7 +43,9 @@ pub struct Row {
     pub initial_workload: Arc<str>,
     /// The classifier that placed it (as of its admission), if one did.
     pub classifier: Option<String>,
-    pub fingerprint: Arc<sluice_sql::Fingerprint>,
+    /// Its fingerprint's id (only the id: a fingerprint holds the whole normalized text, which
+    /// for a huge statement the log's rows would keep alive many times over).
+    pub fingerprint: String,
     /// When it arrived.
     pub arrived: SystemTime,
     /// When it was admitted (`None`: it never was).
@@ -105,7 +107,7 @@ mod tests {
             workload: "w".into(),
             initial_workload: "w".into(),
             classifier: None,
-            fingerprint: Arc::new(sluice_sql::fingerprint("")),
+            fingerprint: String::new(),
             arrived: SystemTime::UNIX_EPOCH,
             admitted: None,
             queued_ms: 0,

@@ -246,6 +246,14 @@ pub(crate) struct StatementMemo {
     text: std::sync::OnceLock<Arc<str>>,
 }
 
+/// What `slot` keeps (made now if it is empty), or, without a slot, `make`'s.
+fn kept<T: Clone>(slot: Option<&std::sync::OnceLock<T>>, make: impl FnOnce() -> T) -> T {
+    match slot {
+        Some(slot) => slot.get_or_init(make).clone(),
+        None => make(),
+    }
+}
+
 /// What a statement holds until its last row is sent, dropped in this order: its
 /// `system.processes` entry first (so it is never seen running beside its successor), then
 /// its grant (permits, gauges, memory), then its demotion timer. `Held::default()` holds
@@ -945,13 +953,7 @@ impl Connection {
             return Err(shutting_down(self.shared.phase()));
         }
         let snapshot = self.shared.snapshot();
-        let fingerprint = match memo {
-            Some(memo) => memo
-                .fingerprint
-                .get_or_init(|| self.fingerprint_of(query))
-                .clone(),
-            None => self.fingerprint_of(query),
-        };
+        let fingerprint = kept(memo.map(|m| &m.fingerprint), || self.fingerprint_of(query));
         let classified = match chosen {
             Some(_) => None,
             None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
@@ -971,13 +973,7 @@ impl Connection {
         ));
         // One copy of the text for the statement's process entry and its record (none for a
         // prepared statement's run: it keeps its copy).
-        let text = match memo {
-            Some(memo) => memo
-                .text
-                .get_or_init(|| Arc::from(query.text.as_str()))
-                .clone(),
-            None => Arc::from(query.text.as_str()),
-        };
+        let text = kept(memo.map(|m| &m.text), || Arc::from(query.text.as_str()));
         *record = Some(RunRecord::new(
             self.shared.clone(),
             0,
@@ -1752,19 +1748,20 @@ pub(crate) fn startup_settings(options: &str) -> Vec<(String, String)> {
     out
 }
 
-pub(crate) fn user_of<C: ClientInfo>(client: &C) -> String {
-    client
-        .metadata()
-        .get(METADATA_USER)
-        .cloned()
-        .unwrap_or_default()
-}
-
 impl Connection {
     /// The user the client logged in as, shared by its statements' records (it is fixed once
     /// the client is authenticated, before any statement).
     pub(crate) fn user<C: ClientInfo>(&self, client: &C) -> Arc<str> {
-        self.user.get_or_init(|| Arc::from(user_of(client))).clone()
+        self.user
+            .get_or_init(|| {
+                Arc::from(
+                    client
+                        .metadata()
+                        .get(METADATA_USER)
+                        .map_or("", String::as_str),
+                )
+            })
+            .clone()
     }
 }
 

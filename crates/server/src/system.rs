@@ -571,7 +571,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
             ),
             (
                 "fingerprint",
-                strings(log.iter().map(|r| Some(r.fingerprint.id.as_str()))),
+                strings(log.iter().map(|r| Some(r.fingerprint.as_str()))),
             ),
             ("arrived", timestamps(log.iter().map(|r| Some(r.arrived)))),
             ("admitted", timestamps(log.iter().map(|r| r.admitted))),
