@@ -17,9 +17,15 @@
 //! that to the workload and grants the next quantum when the tree says it is the statement's
 //! turn. Until then every task of that slot answers `Pending` at its outermost leased stream:
 //! the slot is preempted at a batch boundary. A task that waits for input (`Pending`) while
-//! others wait for a slot, or while another slot of its statement is being renewed, renews at
-//! once, charged what it used: it gives back a slot it is not using rather than hold it idle
-//! to the end of its quantum. A worker slot whose renewal waits too long is
+//! others wait for a slot, or while another slot of its statement is being renewed, renews
+//! at once, charged what it used: it gives back a slot it is not using, queued for its next
+//! turn so that a pipeline's hand-off between batches keeps its place in the tree. Its
+//! statement's other slots whose tasks all wait for input are given back then without
+//! queuing ([`CpuLease::give_back`]), and so is its own slot when it waits again right after
+//! a grant while a sibling still waits: a renewal queued for a slot with nothing to do,
+//! granted, would be held with no poll left to renew it (or, queued again, spin). A task of a
+//! slot given back asks for it again, charged what the slot used, when it is next woken, and
+//! the slot's preemption counts from when it was given back. A worker slot whose renewal waits too long is
 //! given up (the server's `cpu_slot_preemption_timeout_ms`): its partitions then run under the
 //! master's slot (`slot_of` answers 0 for them) — DataFusion cannot take partitions out of a
 //! running plan, so the statement downscales by folding their work onto the slots it keeps.
@@ -27,7 +33,6 @@
 //! other statements' work is never charged to this one.
 
 use std::cell::Cell;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,64 +60,167 @@ pub trait CpuLease: Send + Sync + std::fmt::Debug {
     fn slots(&self) -> usize;
     /// The slot partition `partition` of a leaf runs under now.
     fn slot_of(&self, partition: usize) -> usize;
-    /// Whether anyone waits for a CPU slot now (then a task that waits for input renews
-    /// before its quantum is used, instead of holding a slot it does not use).
+    /// Whether anyone waits for a CPU slot now (then a slot whose tasks wait for input is
+    /// given back before its quantum is used, instead of held unused).
     fn contended(&self) -> bool;
-    /// Gives slot `slot` back, charged `used` CPU time, and waits for its next quantum (or,
-    /// for a worker slot, gives it up when that takes too long: then `slot_of` no longer
-    /// answers `slot`).
+    /// Asks for slot `slot`'s next quantum, charged `used` CPU time, gives the slot back if it
+    /// is held, and waits for the grant (or, for a worker slot, gives it up when that takes
+    /// too long: then `slot_of` no longer answers `slot`).
     async fn renew(&self, slot: usize, used: Duration) -> sluice_sql::Result<()>;
+    /// Gives slot `slot` back without asking for it again (its tasks wait for input); the
+    /// next [`CpuLease::renew`] asks for it.
+    fn give_back(&self, slot: usize);
 }
 
-type Renewal =
-    futures::future::Shared<Pin<Box<dyn Future<Output = sluice_sql::Result<()>> + Send>>>;
+/// A slot's renewal, run in a task of its own: every task of the slot waits for it to end.
+/// (Not a `futures` `Shared`: that wakes the very task whose poll completes it, and a task
+/// woken for nothing would ask again for the slot it just gave back idle.)
+struct Renewal {
+    state: std::sync::Mutex<RenewalState>,
+}
 
-/// One slot's CPU nanoseconds since its last renewal, the renewal under way (which every task
-/// of the slot waits for), and how many of its tasks are runnable (polling, or given a batch
-/// and about to poll again) rather than waiting for input.
+#[derive(Default)]
+struct RenewalState {
+    outcome: Option<sluice_sql::Result<()>>,
+    /// The tasks waiting for it.
+    wakers: Vec<std::task::Waker>,
+}
+
+impl Renewal {
+    fn state(&self) -> std::sync::MutexGuard<'_, RenewalState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_done(&self) -> bool {
+        self.state().outcome.is_some()
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<sluice_sql::Result<()>> {
+        let mut state = self.state();
+        if let Some(outcome) = &state.outcome {
+            return Poll::Ready(outcome.clone());
+        }
+        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    fn finish(&self, outcome: sluice_sql::Result<()>) {
+        let wakers = {
+            let mut state = self.state();
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(outcome);
+            std::mem::take(&mut state.wakers)
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// Ends a renewal when its task does, however it does: a renewal that panicked or was
+/// aborted must not leave the slot's tasks waiting.
+struct Finishes(Arc<Renewal>);
+
+impl Drop for Finishes {
+    fn drop(&mut self) {
+        self.0.finish(Err(sluice_sql::Error::new(
+            sluice_sql::ErrorCode::InternalError,
+            "renewing a CPU slot failed",
+        )));
+    }
+}
+
+/// One slot's CPU nanoseconds since its last renewal, its turn (a renewal under way, which
+/// every task of the slot waits for, or the slot given back), and how many of its tasks are
+/// runnable (polling, or given a batch and about to poll again) rather than waiting for input.
 #[derive(Default)]
 struct SlotMeter {
     used: AtomicU64,
-    renewal: std::sync::Mutex<Option<(Renewal, Option<tokio::task::AbortHandle>)>>,
+    turn: std::sync::Mutex<Turn>,
     runnable: std::sync::atomic::AtomicUsize,
 }
 
-impl SlotMeter {
+/// Where a slot stands between its quanta.
+#[derive(Default)]
+struct Turn {
+    /// The last renewal, with the handle that aborts its task.
+    renewal: Option<(Arc<Renewal>, Option<tokio::task::AbortHandle>)>,
+    /// Given back idle, not asked for again yet.
+    given_back: bool,
+}
+
+impl Turn {
     /// The renewal under way, if one is.
-    fn renewing(&self) -> Option<Renewal> {
-        let renewal = self.renewal.lock().unwrap_or_else(|p| p.into_inner());
-        renewal
+    fn waiting(&self) -> Option<Arc<Renewal>> {
+        self.renewal
             .as_ref()
             .map(|(r, _)| r)
-            .filter(|r| r.peek().is_none())
+            .filter(|r| !r.is_done())
             .cloned()
     }
+}
 
-    /// Starts renewing slot `slot`, charged `used`, in a task of its own (so that a slot given
-    /// back for an idle task is back in the tree at once, not when the task next wakes).
-    fn start_renewal(&self, lease: &Arc<dyn CpuLease>, slot: usize, used: Duration) -> Renewal {
-        let lease = lease.clone();
-        let work = async move { lease.renew(slot, used).await };
-        let (future, abort): (Pin<Box<dyn Future<Output = _> + Send>>, _) =
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let task = runtime.spawn(work);
-                    let abort = task.abort_handle();
-                    let joined = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(sluice_sql::Error::new(
-                                sluice_sql::ErrorCode::InternalError,
-                                format!("renewing a CPU slot failed: {e}"),
-                            ))
-                        })
-                    };
-                    (Box::pin(joined), Some(abort))
-                }
-                Err(_) => (Box::pin(work), None),
-            };
-        let shared = futures::FutureExt::shared(future);
-        *self.renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some((shared.clone(), abort));
-        shared
+impl SlotMeter {
+    fn turn(&self) -> std::sync::MutexGuard<'_, Turn> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What a task of the slot must wait for before it polls: the renewal under way, or — the
+    /// slot given back idle — a renewal it starts now.
+    fn wait_for_turn(&self, lease: &Arc<dyn CpuLease>, slot: usize) -> Option<Arc<Renewal>> {
+        let mut turn = self.turn();
+        if turn.given_back {
+            turn.given_back = false;
+            let used = Duration::from_nanos(self.used.swap(0, Ordering::Relaxed));
+            return Some(Self::start_renewal(&mut turn, lease, slot, used));
+        }
+        turn.waiting()
+    }
+
+    /// Gives the slot back if none of its tasks is runnable and it is held: neither given back
+    /// already, nor being renewed (what it used is charged when it is asked for again).
+    fn give_back_if_idle(&self, lease: &Arc<dyn CpuLease>, slot: usize) {
+        let mut turn = self.turn();
+        let idle = self.runnable.load(Ordering::Relaxed) == 0;
+        if idle && !turn.given_back && turn.waiting().is_none() {
+            turn.given_back = true;
+            lease.give_back(slot);
+        }
+    }
+
+    /// Starts renewing slot `slot`, charged `used`, in a task of its own (so that the slot is
+    /// back in the tree at once, not when the task that gave it back next wakes).
+    fn start_renewal(
+        turn: &mut Turn,
+        lease: &Arc<dyn CpuLease>,
+        slot: usize,
+        used: Duration,
+    ) -> Arc<Renewal> {
+        let renewal = Arc::new(Renewal {
+            state: Default::default(),
+        });
+        let abort = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let lease = lease.clone();
+                let finishes = Finishes(renewal.clone());
+                let task = runtime.spawn(async move {
+                    let outcome = lease.renew(slot, used).await;
+                    finishes.0.finish(outcome);
+                });
+                Some(task.abort_handle())
+            }
+            // Plans run on a runtime (their exchanges spawn tasks); outside one, not renewed.
+            Err(_) => {
+                renewal.finish(Ok(()));
+                None
+            }
+        };
+        turn.renewal = Some((renewal.clone(), abort));
+        renewal
     }
 }
 
@@ -127,7 +235,7 @@ impl Meters {
         self.slots
             .iter()
             .enumerate()
-            .any(|(i, m)| i != slot && m.renewing().is_some())
+            .any(|(i, m)| i != slot && m.turn().waiting().is_some())
     }
 }
 
@@ -135,8 +243,7 @@ impl Drop for Meters {
     fn drop(&mut self) {
         // The statement's plan is gone: a renewal still waiting would take a turn for nothing.
         for slot in &self.slots {
-            let renewal = slot.renewal.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((_, Some(abort))) = renewal.as_ref() {
+            if let Some((_, Some(abort))) = slot.turn().renewal.as_ref() {
                 abort.abort();
             }
         }
@@ -288,7 +395,7 @@ struct LeasedStream {
     lease: Arc<dyn CpuLease>,
     meters: Arc<Meters>,
     /// The renewal of its slot this partition waits for.
-    renewing: Option<Renewal>,
+    renewing: Option<Arc<Renewal>>,
     /// The slot it counts as runnable in, while it does.
     runnable_in: Option<usize>,
 }
@@ -368,22 +475,39 @@ impl LeasedStream {
     }
 
     /// Renews `slot` if it used its quantum — or, while others wait for a slot, if this task
-    /// now waits for input (it is not using the slot). Then also gives back every other slot
-    /// of the statement whose tasks all wait for input: a task that went idle before anyone
-    /// waited would otherwise hold its slot until it wakes.
-    fn maybe_renew(&mut self, slot: usize, waits: bool, cx: &mut Context<'_>) -> DfResult<()> {
+    /// now waits for input (it is not using the slot: it queues for its next quantum and gives
+    /// the slot back, so the tree chooses). Whenever anyone waits, every other slot of the
+    /// statement whose tasks all wait for input is given back, without queuing: a task that
+    /// went idle before anyone waited would otherwise hold its slot until it wakes, and a
+    /// renewal queued on its behalf, granted while it still had nothing to do, would be held
+    /// with no poll of its left to renew it. A task that waits again right after its grant
+    /// (`after_grant`) gives its slot back without queuing.
+    fn maybe_renew(
+        &mut self,
+        slot: usize,
+        waits: bool,
+        after_grant: bool,
+        cx: &mut Context<'_>,
+    ) -> DfResult<()> {
         // A task that goes idle while another slot of its statement is being renewed (given
-        // back, and perhaps preempted) gives its slot back too, contended or not yet: its
-        // input most likely comes from that slot's tasks, and an idle slot kept through the
-        // other's wait would stay unrenewed for as long as it lasts — never preempted, and
-        // never downscaled, should whoever the tree serves first arrive only after this task
-        // went idle.
-        let contended = waits && (self.lease.contended() || self.meters.renewing_besides(slot));
-        let quantum = if contended {
-            1
-        } else {
-            nanos(self.lease.quantum())
-        };
+        // back, and perhaps preempted) renews too, contended or not yet: its input most
+        // likely comes from that slot's tasks, and an idle slot kept through the other's wait
+        // would stay unrenewed for as long as it lasts — never preempted, and never
+        // downscaled, should whoever the tree serves first arrive only after this task went
+        // idle.
+        let sibling_renews = waits && self.meters.renewing_besides(slot);
+        let idle = waits && (sibling_renews || self.lease.contended());
+        if sibling_renews && after_grant {
+            // It waits again right after its grant while a sibling still waits for its own
+            // renewal (the likely source of this task's input): queuing once more would most
+            // likely be granted again (it was the tree's choice just now) and spin, or hold a
+            // slot nothing uses. It gives the slot back without queuing and asks again when
+            // its input wakes it.
+            self.meters.slots[slot].give_back_if_idle(&self.lease, slot);
+            self.give_back_idle_slots_besides(slot);
+            return Ok(());
+        }
+        let quantum = if idle { 1 } else { nanos(self.lease.quantum()) };
         let meter = &self.meters.slots[slot];
         if meter.used.load(Ordering::Relaxed) < quantum {
             return Ok(());
@@ -393,24 +517,24 @@ impl LeasedStream {
             meter.used.fetch_add(spent, Ordering::Relaxed);
             return Ok(());
         }
-        let mut renewal = meter.start_renewal(&self.lease, slot, Duration::from_nanos(spent));
-        if contended || self.lease.contended() {
-            for (other, meter) in self.meters.slots.iter().enumerate() {
-                let idle = meter.runnable.load(Ordering::Relaxed) == 0;
-                // A slot given up (its partitions folded onto the master's) has nothing to renew.
-                let held = self.lease.slot_of(other) == other;
-                if other != slot && held && idle && meter.renewing().is_none() {
-                    let used = Duration::from_nanos(meter.used.swap(0, Ordering::Relaxed));
-                    // It runs in its own task; the slot's tasks find it when they wake.
-                    drop(meter.start_renewal(&self.lease, other, used));
-                }
+        let renewal = {
+            let mut turn = meter.turn();
+            if let Some(under_way) = turn.waiting() {
+                // Another task of the slot renewed it first; what this one counted goes to the
+                // next renewal.
+                meter.used.fetch_add(spent, Ordering::Relaxed);
+                under_way
+            } else {
+                SlotMeter::start_renewal(&mut turn, &self.lease, slot, Duration::from_nanos(spent))
             }
+        };
+        if idle || self.lease.contended() {
+            self.give_back_idle_slots_besides(slot);
         }
         if waits {
             // Polled now so that its grant wakes this task (the input's wake-up comes too;
-            // the next poll waits for the renewal first). A completed clone must not be polled
-            // again: kept only while it waits.
-            match Pin::new(&mut renewal).poll(cx) {
+            // the next poll waits for the renewal first); kept only while it waits.
+            match renewal.poll(cx) {
                 Poll::Pending => self.renewing = Some(renewal),
                 Poll::Ready(result) => {
                     result.map_err(|e| DataFusionError::External(Box::new(e)))?
@@ -420,6 +544,17 @@ impl LeasedStream {
             self.renewing = Some(renewal);
         }
         Ok(())
+    }
+
+    /// Gives back every slot of the statement but `slot` that is held and whose tasks all
+    /// wait for input.
+    fn give_back_idle_slots_besides(&self, slot: usize) {
+        for (other, meter) in self.meters.slots.iter().enumerate() {
+            // A slot given up (its partitions folded onto the master's) has nothing to give.
+            if other != slot && self.lease.slot_of(other) == other {
+                meter.give_back_if_idle(&self.lease, other);
+            }
+        }
     }
 }
 
@@ -439,25 +574,30 @@ impl Stream for LeasedStream {
             }
             return self.input.as_mut().poll_next(cx);
         }
-        let slot = self.slot();
-        self.set_runnable(Some(slot));
-        if self.renewing.is_none() {
-            // Another task of the slot may be renewing it: wait with it.
-            self.renewing = self.meters.slots[slot].renewing();
-        }
-        if let Some(renewal) = self.renewing.as_mut() {
-            match Pin::new(renewal).poll(cx) {
+        // Wait for the slot's turn: its renewal under way (started by another task of the
+        // slot, perhaps), or the slot asked for again if it was given back idle. A worker slot
+        // given up meanwhile folds this partition onto the master's slot: wait for that one's.
+        let mut after_grant = false;
+        let slot = loop {
+            let slot = self.slot();
+            self.set_runnable(Some(slot));
+            if self.renewing.is_none() {
+                self.renewing = self.meters.slots[slot].wait_for_turn(&self.lease, slot);
+            }
+            let Some(renewal) = self.renewing.as_ref() else {
+                break slot;
+            };
+            match renewal.poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(result) => {
                     self.renewing = None;
+                    after_grant = true;
                     if let Err(e) = result {
                         return Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))));
                     }
                 }
             }
-        }
-        let slot = self.slot();
-        self.set_runnable(Some(slot));
+        };
         let start = thread_cpu_time();
         POLL_START.with(|s| s.set(Some(start)));
         let out = self.input.as_mut().poll_next(cx);
@@ -469,10 +609,10 @@ impl Stream for LeasedStream {
         // A batch given, or a wait (an aggregate consuming its input gives nothing until the
         // end, but it waits between input batches): either is a boundary to renew at.
         let renewed = match &out {
-            Poll::Ready(Some(Ok(_))) => self.maybe_renew(slot, false, cx),
+            Poll::Ready(Some(Ok(_))) => self.maybe_renew(slot, false, after_grant, cx),
             Poll::Pending => {
                 self.set_runnable(None);
-                self.maybe_renew(slot, true, cx)
+                self.maybe_renew(slot, true, after_grant, cx)
             }
             _ => {
                 self.set_runnable(None);
@@ -498,13 +638,52 @@ mod tests {
     use datafusion::prelude::{SessionConfig, SessionContext};
     use std::sync::Mutex;
 
-    /// A lease whose quantum never runs out and which is contended only until slot 0's first
-    /// renewal starts; that renewal waits until `release` is notified.
+    /// A lease whose quantum never runs out; slot 0's first renewal waits until `release` is
+    /// notified, every other renewal is granted at once. Contended only until slot 0's first
+    /// renewal starts, or always with `always_contended`.
     #[derive(Debug, Default)]
     struct HeldBack {
-        renewals: Mutex<Vec<usize>>,
-        slot_0_held: std::sync::atomic::AtomicBool,
+        always_contended: bool,
+        /// Each renewal and give-back, in order: (slot, "renew" or "give back").
+        events: Mutex<Vec<(usize, &'static str)>>,
+        /// Per slot: whether it is held now.
+        held: [std::sync::atomic::AtomicBool; 2],
+        slot_0_held_back: std::sync::atomic::AtomicBool,
         release: tokio::sync::Notify,
+    }
+
+    impl HeldBack {
+        fn held_from_the_start(always_contended: bool) -> HeldBack {
+            let lease = HeldBack {
+                always_contended,
+                ..HeldBack::default()
+            };
+            for held in &lease.held {
+                held.store(true, Ordering::SeqCst);
+            }
+            lease
+        }
+
+        fn events(&self) -> Vec<(usize, &'static str)> {
+            self.events.lock().expect("not poisoned").clone()
+        }
+
+        /// Whether slot 1 is given back while slot 0's renewal is held back.
+        fn slot_1_given_back_while_0_waits(&self) -> bool {
+            self.slot_0_held_back.load(Ordering::SeqCst) && !self.held[1].load(Ordering::SeqCst)
+        }
+
+        /// Waits (20 s at most) until slot 1 is given back while slot 0 waits.
+        async fn until_slot_1_given_back(&self) -> bool {
+            let given_back = async {
+                while !self.slot_1_given_back_while_0_waits() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(20), given_back)
+                .await
+                .is_ok()
+        }
     }
 
     #[async_trait]
@@ -519,22 +698,32 @@ mod tests {
             partition % 2
         }
         fn contended(&self) -> bool {
-            !self.slot_0_held.load(Ordering::SeqCst)
+            self.always_contended || !self.slot_0_held_back.load(Ordering::SeqCst)
         }
         async fn renew(&self, slot: usize, _used: Duration) -> sluice_sql::Result<()> {
-            self.renewals.lock().expect("not poisoned").push(slot);
-            if slot == 0 && !self.slot_0_held.swap(true, Ordering::SeqCst) {
+            self.events
+                .lock()
+                .expect("not poisoned")
+                .push((slot, "renew"));
+            self.held[slot].store(false, Ordering::SeqCst);
+            if slot == 0 && !self.slot_0_held_back.swap(true, Ordering::SeqCst) {
                 self.release.notified().await;
             }
+            self.held[slot].store(true, Ordering::SeqCst);
             Ok(())
+        }
+        fn give_back(&self, slot: usize) {
+            self.events
+                .lock()
+                .expect("not poisoned")
+                .push((slot, "give back"));
+            self.held[slot].store(false, Ordering::SeqCst);
         }
     }
 
-    /// While slot 0 waits for its renewal, the partition of slot 1 runs out of input (the
-    /// generator is slot 0's) and goes idle with nobody else waiting: it gives its slot back
-    /// all the same, where it used to keep it unrenewed until slot 0 came back.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_slot_is_given_back_while_another_is_renewed() {
+    /// A statement summing 20M generated rows on two slots (the generator's partition is slot
+    /// 0's), under `lease`.
+    async fn summing(lease: &Arc<HeldBack>) -> tokio::task::JoinHandle<DfResult<Vec<RecordBatch>>> {
         let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
         let plan = ctx
             .sql("SELECT sum(g % 7) FROM generate_series(1, 20000000) AS t(g)")
@@ -543,37 +732,69 @@ mod tests {
             .create_physical_plan()
             .await
             .expect("physical plan");
-        let lease = Arc::new(HeldBack::default());
         let plan = leased(plan, lease.clone()).expect("leased");
-        let run = tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()));
-        let slot_1_renewed_while_0_waits = async {
-            loop {
-                if lease.slot_0_held.load(Ordering::SeqCst) {
-                    let renewals = lease.renewals.lock().expect("not poisoned").clone();
-                    let held_at = renewals
-                        .iter()
-                        .position(|&s| s == 0)
-                        .expect("slot 0 renewed");
-                    if renewals[held_at..].contains(&1) {
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        let seen =
-            tokio::time::timeout(Duration::from_secs(20), slot_1_renewed_while_0_waits).await;
-        lease.release.notify_one();
-        let batches = run.await.expect("joined").expect("runs");
-        assert!(
-            seen.is_ok(),
-            "slot 1 was never renewed while slot 0 waited: {:?}",
-            lease.renewals
-        );
-        let sum = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        tokio::spawn(datafusion::physical_plan::collect(plan, ctx.task_ctx()))
+    }
+
+    /// sum of g % 7 for g in 1..=20,000,000: 2,857,142 cycles of 21, then 1+2+3+4+5+6.
+    fn assert_summed(batches: &[RecordBatch]) {
+        let sum = datafusion::arrow::util::pretty::pretty_format_batches(batches)
             .expect("formats")
             .to_string();
-        // sum of g % 7 for g in 1..=20,000,000: 2,857,142 cycles of 21, then 1+2+3+4+5+6.
         assert!(sum.contains("60000003"), "{sum}");
+    }
+
+    /// While slot 0 waits for its renewal, the partition of slot 1 runs out of input (the
+    /// generator is slot 0's) and goes idle with nobody else waiting: it gives its slot back
+    /// all the same, where it used to keep it until slot 0 came back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_slot_is_given_back_while_another_is_renewed() {
+        let lease = Arc::new(HeldBack::held_from_the_start(false));
+        let run = summing(&lease).await;
+        let given_back = lease.until_slot_1_given_back().await;
+        lease.release.notify_one();
+        let batches = run.await.expect("joined").expect("runs");
+        let events = lease.events();
+        assert!(
+            given_back,
+            "slot 1 held while slot 0 waited: {:?}",
+            &events[..events.len().min(20)]
+        );
+        assert_summed(&batches);
+    }
+
+    /// Contended throughout, with slot 1's renewals granted at once: while slot 0 waits, the
+    /// idle slot 1 is given back and stays given back — neither held idle with nothing left to
+    /// renew it (a grant nobody polls: it was kept to the end of the statement, never
+    /// downscaled), nor asked for again and again. Once slot 0 is back, slot 1 runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_slot_given_back_is_not_taken_again_until_it_has_work() {
+        let lease = Arc::new(HeldBack::held_from_the_start(true));
+        let run = summing(&lease).await;
+        let given_back = lease.until_slot_1_given_back().await;
+        let before = lease.events().len();
+        // Nothing wakes slot 1's partition while slot 0 (its input) is held back.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = lease.events().len();
+        let still_given_back = lease.slot_1_given_back_while_0_waits();
+        lease.release.notify_one();
+        let batches = run.await.expect("joined").expect("runs");
+        let events = lease.events();
+        let tail = &events[after.min(events.len())..];
+        assert!(
+            given_back,
+            "slot 1 never given back: {} events",
+            events.len()
+        );
+        assert!(
+            still_given_back && before == after,
+            "slot 1 taken again while idle: {before} events, then {after}"
+        );
+        assert!(
+            tail.contains(&(1, "renew")),
+            "slot 1 asked for again once it had work: {:?}",
+            &tail[..tail.len().min(20)]
+        );
+        assert_summed(&batches);
     }
 }

@@ -8,7 +8,9 @@
 //! waits as long as it takes. A worker slot's renewal waits at most
 //! `cpu_slot_preemption_timeout_ms`; then the request is withdrawn, the slot is given up for
 //! the rest of the statement (it holds one thread fewer: `system.processes.threads` shows it),
-//! and its partitions run under the master's slot from then on.
+//! and its partitions run under the master's slot from then on. A slot given back idle
+//! ([`sluice_engine::CpuLease::give_back`]) is out of the statement from that moment: asked for
+//! again, it is kept if granted at once, and otherwise waits only what is left of the timeout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,8 @@ pub struct SlotLease {
     downscale_after: Duration,
     /// Per slot the statement started with: whether it was given up.
     given_up: Vec<AtomicBool>,
+    /// Per slot: when it was given back idle, while it is (its preemption began then).
+    given_back_at: Vec<Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl SlotLease {
@@ -59,6 +63,7 @@ impl SlotLease {
             quantum: Duration::from_nanos(options.quantum_ns.max(1)),
             downscale_after: Duration::from_millis(options.preemption_timeout_ms),
             given_up: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            given_back_at: (0..slots).map(|_| Mutex::new(None)).collect(),
         }) as Arc<dyn sluice_engine::CpuLease>)
     }
 }
@@ -91,6 +96,19 @@ impl sluice_engine::CpuLease for SlotLease {
         }
     }
 
+    fn give_back(&self, slot: usize) {
+        if let Some(at) = self.given_back_at.get(slot) {
+            *at.lock().unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
+        }
+        let held = self
+            .grant
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_cpu_slot(slot);
+        // Dropped outside the lock: the permit's release grants the next request.
+        drop(held);
+    }
+
     async fn renew(&self, slot: usize, used: Duration) -> Result<()> {
         let resource = match (slot, &self.worker) {
             (0, _) => &self.master,
@@ -101,31 +119,40 @@ impl sluice_engine::CpuLease for SlotLease {
         let Some(scheduler) = snapshot.schedulers.get(resource) else {
             return Ok(()); // the resource is gone: nothing to renew
         };
+        if self.given_up[slot].load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let (workload, held) = {
             let mut grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
-            let at = grant
-                .attachments
-                .iter()
-                .position(|a| a.cpu_slot == Some(slot));
-            (
-                grant.workload.clone(),
-                at.map(|i| grant.attachments.remove(i)),
-            )
+            (grant.workload.clone(), grant.take_cpu_slot(slot))
         };
-        if held.is_none() {
-            return Ok(()); // given up already, or never held
-        }
         // Queue for the next quantum first, charged with what this one used, then give the
-        // slot back: the tree then chooses among everyone waiting, this statement included, by
-        // weight and priority (giving it back first would just alternate with whoever waits).
+        // slot back (unless it was given back idle already): the tree then chooses among
+        // everyone waiting, this statement included, by weight and priority (giving it back
+        // first would just alternate with whoever waits).
         let cost = i64::try_from(used.as_nanos()).unwrap_or(i64::MAX).max(1);
         let next = scheduler.acquire(&workload, cost);
         drop(held);
         let next = next?;
+        // A slot given back idle has been out of the statement since then: its wait counts
+        // from that moment (it would otherwise sit out a whole preemption given back, never
+        // waiting long enough to be given up).
+        let given_back_at = self.given_back_at[slot]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let permit = if slot == 0 {
             next.await?
         } else {
-            match within(self.downscale_after, next).await {
+            let mut next = std::pin::pin!(next);
+            let out_since = given_back_at.map_or(Duration::ZERO, |at| at.elapsed());
+            // Granted at once (a slot free, nobody waiting), it is kept however long it was out.
+            let at_once = futures::FutureExt::now_or_never(next.as_mut());
+            let waited = match at_once {
+                Some(permit) => Some(permit),
+                None => within(self.downscale_after.saturating_sub(out_since), next).await,
+            };
+            match waited {
                 Some(permit) => permit?,
                 None => {
                     // Preempted too long: the request is withdrawn (or the late grant dropped)

@@ -208,6 +208,17 @@ pub struct Grant {
     pub demoted: Option<(String, std::time::SystemTime)>,
 }
 
+impl Grant {
+    /// Takes out the attachment of CPU slot `slot`, if the grant holds it.
+    pub fn take_cpu_slot(&mut self, slot: usize) -> Option<Attachment> {
+        let at = self
+            .attachments
+            .iter()
+            .position(|a| a.cpu_slot == Some(slot))?;
+        Some(self.attachments.remove(at))
+    }
+}
+
 /// A query's hold on one resource: its permit, and the metrics gauge counting it in flight.
 #[derive(Debug)]
 pub struct Attachment {
