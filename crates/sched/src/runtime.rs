@@ -472,25 +472,34 @@ impl ResourceScheduler {
     /// come at once: the workload has children (INVALID_SCHEDULER_NODE), or its queue is full
     /// (SERVER_OVERLOADED). An unknown workload is granted at once, without limits.
     pub fn acquire(&self, workload: &str, cost: i64) -> Result<Acquire> {
+        Ok(self
+            .acquire_known(workload, cost)?
+            .unwrap_or_else(Acquire::unlimited))
+    }
+
+    /// [`ResourceScheduler::acquire`] for a workload of this resource's tree: `None`, and
+    /// nothing queued, when `workload` is not in it (one lock for what
+    /// [`ResourceScheduler::has_workload`] and `acquire` would take two for).
+    pub fn acquire_known(&self, workload: &str, cost: i64) -> Result<Option<Acquire>> {
         let shared = &self.shared;
         let mut state = shared.lock();
         if state.successor.is_some() {
             drop(state);
-            return self.current().acquire(workload, cost);
+            return self.current().acquire_known(workload, cost);
         }
         let Some(leaf) = leaf_of(&state.leaves, workload)? else {
-            return Ok(Acquire::unlimited());
+            return Ok(None);
         };
         if let Some(grant) = shared.grant_idle(&mut state, leaf, cost) {
             let queue_path = state.nodes[leaf].path.clone();
             drop(state);
-            return Ok(Acquire {
+            return Ok(Some(Acquire {
                 shared: None,
                 id: 0,
                 rx: None,
                 ready: Some(Permit::granted(grant)),
                 queue_path,
-            });
+            }));
         }
         let id = enqueue(&mut state, leaf, cost)?;
         let queue_path = state.nodes[leaf].path.clone();
@@ -498,26 +507,26 @@ impl ResourceScheduler {
         if let Some(grant) = take_granted_now(&mut state, id) {
             // Granted at once (the uncontended case): no channel, no second lock to poll.
             drop(state);
-            return Ok(Acquire {
+            return Ok(Some(Acquire {
                 shared: None,
                 id,
                 rx: None,
                 ready: Some(Permit::granted(grant)),
                 queue_path,
-            });
+            }));
         }
         let (tx, rx) = oneshot::channel();
         if let Some(waiting) = state.waiting.get_mut(&id) {
             waiting.grant = Some(tx);
         }
         drop(state);
-        Ok(Acquire {
+        Ok(Some(Acquire {
             shared: Some(shared.clone()),
             id,
             rx: Some(rx),
             ready: None,
             queue_path,
-        })
+        }))
     }
 
     /// Grants a request of `cost` for leaf `workload` now, or not at all: it queues behind

@@ -687,12 +687,17 @@ impl Forwarder {
                 else {
                     return RoutedRaw::Malformed;
                 };
-                if self.local_statements.contains(statement_name) {
+                // (Most clients never bind sluice's own statements: no lookup then.)
+                if !self.local_statements.is_empty()
+                    && self.local_statements.contains(statement_name)
+                {
                     self.portals.remove(portal_name);
                     self.local_portals.insert(portal_name.to_string());
                     return RoutedRaw::Local(frame);
                 }
-                self.local_portals.remove(portal_name);
+                if !self.local_portals.is_empty() {
+                    self.local_portals.remove(portal_name);
+                }
                 let prepared = self.statements.get(statement_name).cloned();
                 match (&prepared, self.portals.get_mut(portal_name)) {
                     // Most Binds name the unnamed portal again: its entry is reused.
@@ -715,7 +720,7 @@ impl Forwarder {
                 let Some(portal) = portal else {
                     return RoutedRaw::Malformed;
                 };
-                if self.local_portals.contains(portal) {
+                if !self.local_portals.is_empty() && self.local_portals.contains(portal) {
                     return RoutedRaw::Local(frame);
                 }
                 let prepared = self.portals.get(portal).cloned();
@@ -1209,9 +1214,11 @@ impl Forwarder {
                 .as_mut()
                 .filter(|r| r.stopped.is_none())
                 .map(|r| &mut r.admitted.stop);
-            let frame = match stop {
-                // The answer first: a frame already read never waits for the stop's checks.
-                Some(stop) => tokio::select! {
+            let frame = match (lent.buffered_frame(), stop) {
+                // The answer first: a frame already read never waits for the stop's checks
+                // (nor costs a future).
+                (Some(frame), _) => frame,
+                (None, Some(stop)) => tokio::select! {
                     biased;
                     frame = lent.read_frame() => frame,
                     e = stop => {
@@ -1226,7 +1233,7 @@ impl Forwarder {
                         continue;
                     }
                 },
-                None => lent.read_frame().await,
+                (None, None) => lent.read_frame().await,
             };
             let frame = match frame {
                 Ok(frame) => frame,

@@ -63,6 +63,44 @@ impl Entry {
         let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
         sorted.get(rank).copied()
     }
+
+    /// One more finished run: `true` when what the book saves changed (relearned fast).
+    fn note_run(
+        &mut self,
+        fingerprint: &Fingerprint,
+        clock: u64,
+        sample_query: &str,
+        run: &Run,
+    ) -> bool {
+        if self.sample_query.is_empty() {
+            self.sample_query = sluice_sql::first_chars(sample_query, 1000).to_string();
+        }
+        self.runs += 1;
+        self.last_ms = run.ms;
+        self.last_seen = clock;
+        self.recent.push_back(run.ms);
+        if self.recent.len() > RECENT_RUNS {
+            self.recent.pop_front();
+        }
+        let mut changed = false;
+        if run.demoted_to.is_some() {
+            // Learned when it was demoted ([`LaneBook::demoted`]); a slow run breaks a streak.
+            self.fast_streak = 0;
+        } else if self.lane.is_some() && !self.pinned {
+            if run.fast {
+                self.fast_streak += 1;
+                if self.fast_streak >= run.relearn_after {
+                    tracing::info!(fingerprint = %fingerprint.id, "relearned: runs fast again");
+                    self.lane = None;
+                    self.fast_streak = 0;
+                    changed = true;
+                }
+            } else {
+                self.fast_streak = 0;
+            }
+        }
+        changed
+    }
 }
 
 /// How one run ended, for the book.
@@ -162,55 +200,31 @@ impl LaneBook {
         let mut state = self.lock();
         state.clock += 1;
         let clock = state.clock;
-        if !state.entries.contains_key(&fingerprint.id) {
-            if state.entries.len() >= MAX_FINGERPRINTS {
-                let oldest = state
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| e.lane.is_none())
-                    .min_by_key(|(_, e)| e.last_seen)
-                    .map(|(id, _)| id.clone());
-                match oldest {
-                    Some(id) => {
-                        state.entries.remove(&id);
+        // Known already, most often: one lookup.
+        let changed = match state.entries.get_mut(&fingerprint.id) {
+            Some(entry) => entry.note_run(fingerprint, clock, sample_query, &run),
+            None => {
+                if state.entries.len() >= MAX_FINGERPRINTS {
+                    let oldest = state
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.lane.is_none())
+                        .min_by_key(|(_, e)| e.last_seen)
+                        .map(|(id, _)| id.clone());
+                    match oldest {
+                        Some(id) => {
+                            state.entries.remove(&id);
+                        }
+                        None => return Ok(()), // every kept one has a lane: keep those, learn no more
                     }
-                    None => return Ok(()), // every kept one has a lane: keep those, learn no more
                 }
+                state
+                    .entries
+                    .entry(fingerprint.id.clone())
+                    .or_default()
+                    .note_run(fingerprint, clock, sample_query, &run)
             }
-            state
-                .entries
-                .insert(fingerprint.id.clone(), Entry::default());
-        }
-        let Some(entry) = state.entries.get_mut(&fingerprint.id) else {
-            return Ok(());
         };
-        if entry.sample_query.is_empty() {
-            entry.sample_query = sluice_sql::first_chars(sample_query, 1000).to_string();
-        }
-        entry.runs += 1;
-        entry.last_ms = run.ms;
-        entry.last_seen = clock;
-        entry.recent.push_back(run.ms);
-        if entry.recent.len() > RECENT_RUNS {
-            entry.recent.pop_front();
-        }
-        let mut changed = false;
-        if run.demoted_to.is_some() {
-            // Learned when it was demoted ([`LaneBook::demoted`]); a slow run breaks a streak.
-            entry.fast_streak = 0;
-        } else if entry.lane.is_some() && !entry.pinned {
-            if run.fast {
-                entry.fast_streak += 1;
-                if entry.fast_streak >= run.relearn_after {
-                    tracing::info!(fingerprint = %fingerprint.id, "relearned: runs fast again");
-                    entry.lane = None;
-                    entry.fast_streak = 0;
-                    changed = true;
-                }
-            } else {
-                entry.fast_streak = 0;
-            }
-        }
         if changed {
             self.save(&state)?;
         }

@@ -45,7 +45,7 @@ pub struct Row {
     pub classifier: Option<String>,
     /// Its fingerprint's id (only the id: a fingerprint holds the whole normalized text, which
     /// for a huge statement the log's rows would keep alive many times over).
-    pub fingerprint: String,
+    pub fingerprint: FingerprintId,
     /// When it arrived.
     pub arrived: SystemTime,
     /// When it was admitted (`None`: it never was).
@@ -58,6 +58,41 @@ pub struct Row {
     pub rows: u64,
     /// Its first 2,000 characters.
     pub query: Arc<str>,
+}
+
+/// A fingerprint's id (16 hex digits, [`sluice_sql::Fingerprint::id`]) held in place: a row
+/// per statement costs no allocation for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FingerprintId {
+    len: u8,
+    bytes: [u8; 16],
+}
+
+impl FingerprintId {
+    /// `id`'s first 16 bytes (all of an id; a longer string is cut at a character boundary).
+    pub fn new(id: &str) -> FingerprintId {
+        let mut end = id.len().min(16);
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut bytes = [0; 16];
+        bytes[..end].copy_from_slice(&id.as_bytes()[..end]);
+        FingerprintId {
+            len: end as u8,
+            bytes,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Whole characters were copied in `new`.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for FingerprintId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
 }
 
 /// The last rows, oldest first.
@@ -107,7 +142,7 @@ mod tests {
             workload: "w".into(),
             initial_workload: "w".into(),
             classifier: None,
-            fingerprint: String::new(),
+            fingerprint: FingerprintId::new(""),
             arrived: SystemTime::UNIX_EPOCH,
             admitted: None,
             queued_ms: 0,
@@ -130,5 +165,15 @@ mod tests {
         let none = QueryLog::new(0);
         none.push(row(1));
         assert!(none.rows().is_empty());
+    }
+
+    #[test]
+    fn a_fingerprint_id_is_kept_whole_and_a_longer_string_cut_at_a_character() {
+        let id = sluice_sql::fingerprint("SELECT 1").id;
+        assert_eq!(FingerprintId::new(&id).as_str(), id);
+        assert_eq!(FingerprintId::new("").as_str(), "");
+        // 15 ASCII bytes, then a two-byte character that does not fit whole.
+        let long = format!("{}é", "a".repeat(15));
+        assert_eq!(FingerprintId::new(&long).as_str(), "a".repeat(15));
     }
 }

@@ -163,7 +163,7 @@ impl Drop for RunRecord {
             workload,
             initial_workload: self.initial_workload.clone(),
             classifier: self.classifier.take(),
-            fingerprint: self.fingerprint.id.clone(),
+            fingerprint: crate::query_log::FingerprintId::new(&self.fingerprint.id),
             arrived: self.arrived,
             admitted: self.admitted.as_ref().map(|_| self.arrived + queued),
             queued_ms: queued.as_millis() as u64,

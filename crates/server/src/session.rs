@@ -217,10 +217,19 @@ pub struct Connection {
     /// The workload its last statement was admitted in, shared by that statement's records
     /// and by the next one's when it runs there too (most do).
     last_workload: Mutex<Option<Arc<str>>>,
+    /// The metrics series its statements were admitted under, by resource and workload (a
+    /// connection uses few; series live as long as the server).
+    series: Mutex<Vec<KeptSeries>>,
 }
 
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
 const FINGERPRINTS_KEPT: usize = 256;
+
+/// Metrics series a connection keeps at hand (the oldest goes when it is full).
+const SERIES_KEPT: usize = 8;
+
+/// A metrics series kept at hand: its resource, its workload, the series.
+type KeptSeries = (String, Arc<str>, Arc<crate::metrics::Series>);
 
 impl Drop for Connection {
     fn drop(&mut self) {
@@ -489,6 +498,7 @@ impl Connection {
             database: std::sync::OnceLock::new(),
             user: std::sync::OnceLock::new(),
             last_workload: Mutex::default(),
+            series: Mutex::default(),
         }
     }
 
@@ -795,33 +805,38 @@ impl Connection {
     /// [`Connection::fallback_workload`].
     fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
         Ok(match self.chosen_workload(user, requested)? {
-            Some(w) => w,
-            None => self.fallback_workload(user),
+            Some(w) => w.to_string(),
+            None => self.fallback_workload(user).to_string(),
         })
     }
 
     /// The workload chosen for a query before any classifier is asked: the user's pinned one
     /// (a request for another is refused), else the `SETTINGS` tail's, else the session's.
-    fn chosen_workload(&self, user: &str, requested: Option<String>) -> Result<Option<String>> {
-        let requested = requested.or_else(|| self.var("workload"));
+    ///
+    /// Shared with the connection's last statement when it names the same (no copy).
+    fn chosen_workload(&self, user: &str, requested: Option<String>) -> Result<Option<Arc<str>>> {
+        let requested = match requested {
+            Some(r) => Some(self.shared_name(&r)),
+            None => self.with_var("workload", |v| v.map(|v| self.shared_name(v))),
+        };
         let config = self.shared.users.get(user);
         if let Some(pinned) = config.and_then(|u| u.pinned_workload.as_ref()) {
             if let Some(r) = &requested {
                 self.check_pinned(user, r)?;
             }
-            return Ok(Some(pinned.clone()));
+            return Ok(Some(self.shared_name(pinned)));
         }
         Ok(requested)
     }
 
     /// Where a query nobody chose a workload for, and no classifier placed, runs: its user's
     /// `default_workload`, else `default`.
-    fn fallback_workload(&self, user: &str) -> String {
+    fn fallback_workload(&self, user: &str) -> &str {
         self.shared
             .users
             .get(user)
-            .and_then(|u| u.default_workload.clone())
-            .unwrap_or_else(|| "default".to_string())
+            .and_then(|u| u.default_workload.as_deref())
+            .unwrap_or("default")
     }
 
     /// The classifiers' verdict on a query nobody chose a workload for: the rule that places
@@ -858,7 +873,7 @@ impl Connection {
         Some(Arc::new(crate::state::Classified {
             rule: rule.clone(),
             facts: sluice_catalog::OwnedFacts::of(&facts),
-            fallback: self.fallback_workload(user),
+            fallback: self.fallback_workload(user).to_string(),
         }))
     }
 
@@ -960,17 +975,17 @@ impl Connection {
         };
         let requested = match (chosen, &classified) {
             (Some(w), _) => w,
-            (None, Some(c)) => c.rule.workload.clone(),
-            (None, None) => self.fallback_workload(user),
+            (None, Some(c)) => self.shared_name(&c.rule.workload),
+            (None, None) => self.shared_name(self.fallback_workload(user)),
         };
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
-        let workload = self.shared_name(&self.lane_of(
+        let workload = self.lane_of(
             &snapshot.catalog,
             user,
             requested,
             judged_by.as_ref(),
             &fingerprint,
-        ));
+        );
         // One copy of the text for the statement's process entry and its record (none for a
         // prepared statement's run: it keeps its copy).
         let text = kept(memo.map(|m| &m.text), || Arc::from(query.text.as_str()));
@@ -987,6 +1002,23 @@ impl Connection {
             user, &workload, classified, &text, settings, notices, record,
         )
         .await
+    }
+
+    /// The metrics series of `workload` in `resource`, from the connection's own few.
+    fn series(&self, resource: &str, workload: &Arc<str>) -> Arc<crate::metrics::Series> {
+        let mut kept = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, s)) = kept
+            .iter()
+            .find(|(r, w, _)| r == resource && (Arc::ptr_eq(w, workload) || w == workload))
+        {
+            return s.clone();
+        }
+        let s = self.shared.metrics.series(resource, workload);
+        if kept.len() >= SERIES_KEPT {
+            kept.remove(0);
+        }
+        kept.push((resource.to_string(), workload.clone(), s.clone()));
+        s
     }
 
     /// `workload` as the connection's last statement had it, or anew.
@@ -1024,10 +1056,10 @@ impl Connection {
         &self,
         catalog: &sluice_catalog::Catalog,
         user: &str,
-        requested: String,
+        requested: Arc<str>,
         demotion: Option<&sluice_catalog::Demotion>,
         fingerprint: &sluice_sql::Fingerprint,
-    ) -> String {
+    ) -> Arc<str> {
         let user_pinned = self
             .shared
             .users
@@ -1040,7 +1072,7 @@ impl Connection {
             demotion,
             fingerprint,
         )
-        .unwrap_or(requested)
+        .map_or(requested, |lane| self.shared_name(&lane))
     }
 
     /// Waits for one slot of each resource of `order` in turn (a QUERY slot, a master thread),
@@ -1062,20 +1094,20 @@ impl Connection {
         let mut next = resources.next();
         let mut shown_waiting = false;
         'resources: while let Some((resource, scheduler)) = next {
-            if !scheduler.has_workload(workload) {
+            let arrived = std::time::Instant::now();
+            let acquired = scheduler.acquire_known(workload, 1).inspect_err(|e| {
+                if e.code == ErrorCode::ServerOverloaded {
+                    self.series(resource, workload).rejected();
+                }
+            })?;
+            let Some(mut acquire) = acquired else {
                 if self.shared.options.throw_on_unknown_workload {
                     return Err(access_denied(resource));
                 }
                 next = resources.next();
                 continue;
-            }
-            let arrived = std::time::Instant::now();
-            let mut series = self.shared.metrics.series(resource, workload);
-            let mut acquire = scheduler.acquire(workload, 1).inspect_err(|e| {
-                if e.code == ErrorCode::ServerOverloaded {
-                    series.rejected();
-                }
-            })?;
+            };
+            let mut series = self.series(resource, workload);
             let mut counted_waiting = series.waiting();
             if !acquire.is_granted() {
                 shown_waiting = true;
@@ -1124,7 +1156,7 @@ impl Connection {
                             // again in the new workload (the old request is let go).
                             continue 'resources;
                         }
-                        series = self.shared.metrics.series(resource, workload);
+                        series = self.series(resource, workload);
                         counted_waiting = series.waiting();
                     }
                     _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
@@ -1237,7 +1269,8 @@ impl Connection {
         notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
     ) -> Result<Admitted> {
-        let mut attachments: Vec<Attachment> = Vec::new();
+        // A query slot and a master thread's, most often.
+        let mut attachments: Vec<Attachment> = Vec::with_capacity(2);
         let pid = self.cancel.get().map(|(pid, _)| *pid);
         let guard = self.shared.register(user, workload, text, pid);
         // Only a statement a rule placed can be placed again while it waits.

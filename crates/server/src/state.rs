@@ -1,7 +1,7 @@
 //! What all connections share: the engine, the catalog snapshot with its compiled trees and
 //! the running schedulers, storage, and the registry of statements in flight.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -369,7 +369,9 @@ pub struct Shared {
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
     ddl: tokio::sync::Mutex<()>,
-    processes: Mutex<BTreeMap<u64, Process>>,
+    /// By query id (hashed: a statement's entry comes and goes at every statement; the rare
+    /// readers sort by it, which is arrival order).
+    processes: Mutex<HashMap<u64, Process, foldhash::fast::RandomState>>,
     /// The keys (pid, secret) of connections a cancel request may name ([`Shared::cancel`]).
     cancels: Mutex<std::collections::HashSet<CancelKey>>,
     /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
@@ -422,7 +424,7 @@ impl Shared {
             storage,
             current: RwLock::new(Arc::new(Snapshot::new(catalog, trees, None))),
             ddl: tokio::sync::Mutex::new(()),
-            processes: Mutex::new(BTreeMap::new()),
+            processes: Mutex::default(),
             cancels: Mutex::default(),
             terminations: Mutex::default(),
             next_query_id: AtomicU64::new(1),
@@ -502,6 +504,8 @@ impl Shared {
                 }
             }
         }
+        // In arrival order, so the queues they join serve them as they arrived.
+        moves.sort_unstable_by_key(|(query_id, _, _)| *query_id);
         for (query_id, from, to) in moves {
             tracing::info!(query_id, from = %from, to = %to, classifier = changed, "waiting query classified again");
             if let Err(e) = self.move_any(query_id, &to) {
@@ -792,13 +796,17 @@ impl Shared {
         }
     }
 
+    /// Every statement waiting or running, in arrival order.
     pub fn processes(&self) -> Vec<Process> {
-        self.processes
+        let mut all: Vec<Process> = self
+            .processes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect()
+            .collect();
+        all.sort_unstable_by_key(|p| p.query_id);
+        all
     }
 
     fn update(&self, query_id: u64, f: impl FnOnce(&mut Process)) {

@@ -89,6 +89,17 @@ impl<S> Corked<S> {
         if self.held.len() >= HOLD_LIMIT {
             return false;
         }
+        if self.skip == 0 && self.header.is_empty() && header.len() == 5 {
+            // At a message boundary, with a whole message: nothing to follow through it.
+            debug_assert_eq!(
+                u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize,
+                body.len() + 4
+            );
+            self.last_type = Some(header[0]);
+            self.held.extend_from_slice(header);
+            self.held.extend_from_slice(body);
+            return true;
+        }
         self.append(header);
         self.append(body);
         true

@@ -628,22 +628,8 @@ impl UpstreamConnection {
     /// on the way).
     pub async fn read_frame(&mut self) -> Result<Frame> {
         loop {
-            if self.read.len() >= 5 {
-                let len =
-                    i32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]);
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| (4..=MAX_FRAME).contains(&l))
-                    .ok_or_else(|| protocol_error(&format!("a message length of {len}")))?;
-                if self.read.len() > len {
-                    let tag = self.read[0];
-                    self.read.advance(5);
-                    let body = self.read.split_to(len - 4).freeze();
-                    let frame = Frame { tag, body };
-                    self.observe(&frame);
-                    return Ok(frame);
-                }
-                self.read.reserve(len + 1 - self.read.len());
+            if let Some(frame) = self.buffered_frame() {
+                return frame;
             }
             let n = self
                 .stream
@@ -654,6 +640,32 @@ impl UpstreamConnection {
                 return Err(self.lost("the connection closed"));
             }
         }
+    }
+
+    /// The next backend message if it has already been read whole, without waiting (for the
+    /// relay: most of a response arrives in one read, and its messages need no future each).
+    /// `None` when more must be read first (room for the whole message is made then).
+    pub fn buffered_frame(&mut self) -> Option<Result<Frame>> {
+        if self.read.len() < 5 {
+            return None;
+        }
+        let len = i32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]);
+        let Some(len) = usize::try_from(len)
+            .ok()
+            .filter(|&l| (4..=MAX_FRAME).contains(&l))
+        else {
+            return Some(Err(protocol_error(&format!("a message length of {len}"))));
+        };
+        if self.read.len() <= len {
+            self.read.reserve(len + 1 - self.read.len());
+            return None;
+        }
+        let tag = self.read[0];
+        self.read.advance(5);
+        let body = self.read.split_to(len - 4).freeze();
+        let frame = Frame { tag, body };
+        self.observe(&frame);
+        Some(Ok(frame))
     }
 
     /// Asks the upstream what `sql` takes and gives without running it: Parse, Describe and
