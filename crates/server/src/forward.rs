@@ -250,7 +250,16 @@ impl Forwarded {
 
 /// `text` as one forwarded statement; `None` if it is sluice's own.
 fn forwarded(text: &str) -> Option<Forwarded> {
-    let statement = match sluice_sql::statement(text) {
+    forwarded_as(text, sluice_sql::statement(text))
+}
+
+/// [`forwarded`], for a statement already read (`statement` is what [`sluice_sql::statement`]
+/// makes of `text`).
+fn forwarded_as(
+    text: &str,
+    statement: sluice_sql::Result<Option<ClientStatement>>,
+) -> Option<Forwarded> {
+    let statement = match statement {
         Ok(Some(s)) => s,
         // Empty, or not one statement sluice can read: the upstream says what it makes of it.
         Ok(None) | Err(_) => return Some(Forwarded::new(text.to_string(), utility(text), false)),
@@ -588,11 +597,20 @@ impl Forwarder {
         let name = |n: &Option<String>| n.clone().unwrap_or_default();
         let step = match message {
             PgWireFrontendMessage::Query(q) => {
-                let pieces: Vec<(String, Option<Forwarded>)> =
-                    match crate::session::script_statements(&q.query).as_slice() {
-                        [_] => vec![(q.query.clone(), forwarded(&q.query))],
-                        many => many.iter().map(|p| (p.clone(), forwarded(p))).collect(),
-                    };
+                // The script is lexed once: each statement is read as it is split off.
+                let mut statements = sluice_sql::statements_with_text(&q.query);
+                let pieces: Vec<(String, Option<Forwarded>)> = if statements.len() == 1 {
+                    // One statement goes as the client wrote it (comments, `;` and all).
+                    let (_, statement) = statements.remove(0);
+                    vec![(q.query.clone(), forwarded_as(&q.query, statement.map(Some)))]
+                } else {
+                    statements
+                        .into_iter()
+                        .map(|(text, statement)| {
+                            (text.to_string(), forwarded_as(text, statement.map(Some)))
+                        })
+                        .collect()
+                };
                 if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
                     return Routed::Local(PgWireFrontendMessage::Query(q));
                 }

@@ -37,6 +37,6 @@ pub use parser::{
 };
 pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use statement::{
-    statement, statements, CopyFormat, KillMode, Query, Statement as ClientStatement,
-    StatementKind, TransactionControl, MAX_NESTING,
+    statement, statements, statements_with_text, CopyFormat, KillMode, Query,
+    Statement as ClientStatement, StatementKind, TransactionControl, MAX_NESTING,
 };

@@ -161,10 +161,19 @@ pub fn mentions(text: &str, needle: &str) -> bool {
         return true;
     };
     let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
-    // The first byte alone rules out almost every place (a byte compare, not a case fold).
-    text.as_bytes()
-        .windows(needle.len())
-        .any(|w| (w[0] == lower || w[0] == upper) && w[1..].eq_ignore_ascii_case(rest))
+    // The first byte alone rules out almost every place: jump from one of its places to the
+    // next (memchr's vector search), and compare the rest only there.
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(at) = memchr::memchr2(lower, upper, &bytes[from..]) {
+        let start = from + at + 1;
+        match bytes.get(start..start + rest.len()) {
+            Some(candidate) if candidate.eq_ignore_ascii_case(rest) => return true,
+            Some(_) => from = start,
+            None => return false,
+        }
+    }
+    false
 }
 
 pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
@@ -1113,6 +1122,11 @@ mod tests {
         assert!(!mentions("SELECT 1", "settings"));
         assert!(!mentions("SELECT * FROM system_processes", "system."));
         assert!(!mentions("set", "settings"));
+        // A near miss just before it, the needle at the very end, a one-byte needle.
+        assert!(mentions("SELECT sesettings", "settings"));
+        assert!(mentions("x SETTINGS", "settings"));
+        assert!(!mentions("x SETTING", "settings"));
+        assert!(mentions("a;", ";"));
     }
 
     #[test]

@@ -211,6 +211,15 @@ pub fn statements(text: &str) -> Vec<Result<Statement>> {
         .collect()
 }
 
+/// [`statements`], each beside its own text: from its first word to its end before `;` (the
+/// comments before it left out), as [`statement`] would read it alone. A script is lexed once.
+pub fn statements_with_text(text: &str) -> Vec<(&str, Result<Statement>)> {
+    split(text)
+        .into_iter()
+        .map(|lexed| (text[lexed.span.clone()].trim(), classify(text, &lexed)))
+        .collect()
+}
+
 /// Exactly one statement (a trailing `;` allowed), for the extended protocol's Parse.
 pub fn statement(text: &str) -> Result<Option<Statement>> {
     let mut all = statements(text);
@@ -481,40 +490,34 @@ fn dollar_tag(bytes: &[u8], start: usize) -> Option<usize> {
     None
 }
 
-/// Words after which an expression starts afresh (a new clause): the operator chain before
-/// them does not nest what follows.
-const CLAUSE_WORDS: &[&str] = &[
-    "SELECT",
-    "FROM",
-    "WHERE",
-    "GROUP",
-    "HAVING",
-    "ORDER",
-    "LIMIT",
-    "OFFSET",
-    "UNION",
-    "INTERSECT",
-    "EXCEPT",
-    "JOIN",
-    "ON",
-    "USING",
-    "VALUES",
-    "SET",
-    "RETURNING",
-    "WHEN",
-    "THEN",
-    "ELSE",
-    "END",
-    "AS",
-    "BY",
-    "WINDOW",
-    "QUALIFY",
-];
+/// What a word does to the nesting [`Builder`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WordRole {
+    /// It combines expressions like an operator does (`AND`, `LIKE`, `IN`, …).
+    Operator,
+    /// An expression starts afresh after it (a new clause: `WHERE`, `ON`, `THEN`, …): the
+    /// operator chain before it does not nest what follows.
+    Clause,
+}
 
-/// Words that combine expressions like an operator does.
-const OPERATOR_WORDS: &[&str] = &[
-    "AND", "OR", "NOT", "IS", "LIKE", "ILIKE", "BETWEEN", "IN", "SIMILAR", "COLLATE", "AT",
-];
+/// The role of a word, ASCII case ignored: upper-cased on the stack and matched once (this runs
+/// on every word of every statement; no keyword is longer than nine letters).
+fn word_role(word: &[u8]) -> Option<WordRole> {
+    let mut upper = [0u8; 9];
+    let upper = upper.get_mut(..word.len())?;
+    for (u, b) in upper.iter_mut().zip(word) {
+        *u = b.to_ascii_uppercase();
+    }
+    match &*upper {
+        b"AND" | b"OR" | b"NOT" | b"IS" | b"LIKE" | b"ILIKE" | b"BETWEEN" | b"IN" | b"SIMILAR"
+        | b"COLLATE" | b"AT" => Some(WordRole::Operator),
+        b"SELECT" | b"FROM" | b"WHERE" | b"GROUP" | b"HAVING" | b"ORDER" | b"LIMIT" | b"OFFSET"
+        | b"UNION" | b"INTERSECT" | b"EXCEPT" | b"JOIN" | b"ON" | b"USING" | b"VALUES" | b"SET"
+        | b"RETURNING" | b"WHEN" | b"THEN" | b"ELSE" | b"END" | b"AS" | b"BY" | b"WINDOW"
+        | b"QUALIFY" => Some(WordRole::Clause),
+        _ => None,
+    }
+}
 
 #[derive(Default)]
 struct Builder {
@@ -533,6 +536,8 @@ impl Builder {
         if self.start.is_none() {
             self.start = Some(at);
             self.chains = vec![0];
+            // Sized once: most statements have as many head words as are kept.
+            self.head = Vec::with_capacity(HEAD_WORDS);
         }
     }
 
@@ -550,13 +555,10 @@ impl Builder {
 
     fn word(&mut self, text: &str, start: usize, end: usize) {
         self.token(start, end);
-        let word = &text[start..end];
-        if end - start <= 9 {
-            if OPERATOR_WORDS.iter().any(|w| w.eq_ignore_ascii_case(word)) {
-                self.push_operator();
-            } else if CLAUSE_WORDS.iter().any(|w| w.eq_ignore_ascii_case(word)) {
-                self.reset_chain();
-            }
+        match word_role(&text.as_bytes()[start..end]) {
+            Some(WordRole::Operator) => self.push_operator(),
+            Some(WordRole::Clause) => self.reset_chain(),
+            None => {}
         }
     }
 
@@ -1440,5 +1442,30 @@ mod tests {
             "b = 1 AND ".repeat(300) + "true"
         );
         assert!(deep(wide).is_ok());
+        // Keywords in any case; identifiers that only start like one are not.
+        assert_eq!(deep("SELECT a aNd b Or c".to_string()), Ok(2));
+        assert_eq!(deep("SELECT a + b wHeRe c + d".to_string()), Ok(1));
+        assert_eq!(deep("SELECT a + andy + b + orders".to_string()), Ok(3));
+    }
+
+    #[test]
+    fn a_script_is_read_as_each_statement_alone() {
+        let script = "/* c */ SELECT 1 SETTINGS workload = 'a'; set workload = 'b' ;\n\
+                      -- x\nSELECT 'x;y' AND 1 = $1;; DECLARE c CURSOR FOR SELECT 2;";
+        let together = statements_with_text(script);
+        let texts: Vec<&str> = together.iter().map(|(text, _)| *text).collect();
+        assert_eq!(
+            texts,
+            [
+                "SELECT 1 SETTINGS workload = 'a'",
+                "set workload = 'b'",
+                "SELECT 'x;y' AND 1 = $1",
+                "DECLARE c CURSOR FOR SELECT 2"
+            ]
+        );
+        for (text, read) in together {
+            let alone = statement(text).map(|s| s.expect("a statement"));
+            assert_eq!(format!("{read:?}"), format!("{alone:?}"), "{text}");
+        }
     }
 }
