@@ -11,7 +11,7 @@
 //!
 //! The [`Forwarder`] is one client's side of that. Extended-protocol messages are collected
 //! until Sync (or Flush) and sent in one write, so a driver's round trip stays one round trip;
-//! Bind, Execute and Sync are read whole and sent as the client's bytes ([`Forwarder::route_raw`]);
+//! Bind, Describe, Execute and Sync are read whole and sent as the client's bytes ([`Forwarder::route_raw`]);
 //! what the upstream answers is matched to what was sent ([`Answer`]), which lets sluice add
 //! messages of its own (a statement re-prepared on another pooled connection, the `SET`s that
 //! carry a grant to the upstream) and answer some itself, without the client seeing either.
@@ -216,12 +216,9 @@ pub fn is_sluices(statement: &ClientStatement) -> bool {
 /// `system.` as the start of a qualified name (not inside another identifier).
 fn mentions_system(text: &str) -> bool {
     let bytes = text.as_bytes();
-    let needle = b"system.";
-    bytes.windows(needle.len()).enumerate().any(|(i, w)| {
-        w.eq_ignore_ascii_case(needle)
-            && (i == 0
-                || !(bytes[i - 1].is_ascii_alphanumeric()
-                    || matches!(bytes[i - 1], b'_' | b'.' | b'"')))
+    sluice_sql::mention_places(text, "system.").any(|i| {
+        i == 0
+            || !(bytes[i - 1].is_ascii_alphanumeric() || matches!(bytes[i - 1], b'_' | b'.' | b'"'))
     })
 }
 
@@ -315,6 +312,27 @@ fn utility(text: &str) -> Query {
     }
 }
 
+/// A simple Query's statements, each with what is forwarded of it (`None`: sluice's own);
+/// `None` when every one is sluice's (sluice answers the whole text).
+fn query_pieces(text: &str) -> Option<Vec<(String, Option<Forwarded>)>> {
+    // The script is lexed once: each statement is read as it is split off.
+    let mut statements = sluice_sql::statements_with_text(text);
+    let pieces: Vec<(String, Option<Forwarded>)> = if statements.len() == 1 {
+        // One statement goes as the client wrote it (comments, `;` and all).
+        let (_, statement) = statements.remove(0);
+        vec![(text.to_string(), forwarded_as(text, statement.map(Some)))]
+    } else {
+        statements
+            .into_iter()
+            .map(|(piece, statement)| (piece.to_string(), forwarded_as(piece, statement.map(Some))))
+            .collect()
+    };
+    if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
+        return None;
+    }
+    Some(pieces)
+}
+
 /// A statement the client prepared for the upstream.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -377,6 +395,12 @@ pub enum Step {
     },
     /// Describe or Close of a portal: passed as it is.
     Portal(PgWireFrontendMessage, Ends),
+    /// A message read whole that goes upstream as the client sent it (a Describe of a
+    /// portal), answered up to `ends`.
+    Passed {
+        frame: BytesMut,
+        ends: Ends,
+    },
     CloseStatement {
         name: String,
     },
@@ -596,29 +620,13 @@ impl Forwarder {
     pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
         let name = |n: &Option<String>| n.clone().unwrap_or_default();
         let step = match message {
-            PgWireFrontendMessage::Query(q) => {
-                // The script is lexed once: each statement is read as it is split off.
-                let mut statements = sluice_sql::statements_with_text(&q.query);
-                let pieces: Vec<(String, Option<Forwarded>)> = if statements.len() == 1 {
-                    // One statement goes as the client wrote it (comments, `;` and all).
-                    let (_, statement) = statements.remove(0);
-                    vec![(q.query.clone(), forwarded_as(&q.query, statement.map(Some)))]
-                } else {
-                    statements
-                        .into_iter()
-                        .map(|(text, statement)| {
-                            (text.to_string(), forwarded_as(text, statement.map(Some)))
-                        })
-                        .collect()
-                };
-                if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
-                    return Routed::Local(PgWireFrontendMessage::Query(q));
-                }
-                Step::Query {
+            PgWireFrontendMessage::Query(q) => match query_pieces(&q.query) {
+                Some(pieces) => Step::Query {
                     text: q.query,
                     pieces,
-                }
-            }
+                },
+                None => return Routed::Local(PgWireFrontendMessage::Query(q)),
+            },
             PgWireFrontendMessage::Parse(p) => {
                 let statement = name(&p.name);
                 match forwarded(&p.query) {
@@ -690,7 +698,7 @@ impl Forwarder {
         Routed::Upstream(step)
     }
 
-    /// Where a Bind, Execute or Sync read whole (`frame`: type, length, body) goes, by the
+    /// Where a Bind, Describe, Execute or Sync read whole (`frame`: type, length, body) goes, by the
     /// rules of [`Forwarder::route`]: upstream as the bytes it is, or back to be decoded and
     /// answered by sluice; one whose names cannot be read is [`RoutedRaw::Malformed`].
     pub fn route_raw(&mut self, frame: BytesMut) -> RoutedRaw {
@@ -743,6 +751,46 @@ impl Forwarder {
                 }
                 let prepared = self.portals.get(portal).cloned();
                 RoutedRaw::Upstream(Step::Execute { frame, prepared })
+            }
+            Some(b'Q') => {
+                // Its text, up to the NUL, as pgwire's decoder reads it (invalid UTF-8 made
+                // valid, a missing NUL forgiven).
+                let body = &frame[5..];
+                let text = &body[..memchr::memchr(0, body).unwrap_or(body.len())];
+                let text = match std::str::from_utf8(text) {
+                    Ok(text) => std::borrow::Cow::Borrowed(text),
+                    Err(_) => String::from_utf8_lossy(text),
+                };
+                match query_pieces(&text) {
+                    Some(pieces) => RoutedRaw::Upstream(Step::Query {
+                        text: text.into_owned(),
+                        pieces,
+                    }),
+                    None => RoutedRaw::Local(frame),
+                }
+            }
+            Some(b'D') => {
+                // Describe: 'P' a portal, 'S' a statement, then its name.
+                let name = cstring_at(&frame, 6).and_then(|r| utf8(&frame[r]));
+                let (Some(&target), Some(name)) = (frame.get(5), name) else {
+                    return RoutedRaw::Malformed;
+                };
+                match target {
+                    TARGET_TYPE_BYTE_PORTAL if !self.is_local(true, name, false) => {
+                        RoutedRaw::Upstream(Step::Passed {
+                            frame,
+                            ends: Ends::One,
+                        })
+                    }
+                    TARGET_TYPE_BYTE_STATEMENT if !self.is_local(false, name, false) => {
+                        RoutedRaw::Upstream(Step::DescribeStatement {
+                            prepared: self.statements.get(name).cloned(),
+                            name: name.to_string(),
+                        })
+                    }
+                    // sluice's own, or a target type pgwire refuses as PostgreSQL does.
+                    _ => RoutedRaw::Local(frame),
+                }
             }
             Some(b'S') => {
                 if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
@@ -1227,6 +1275,48 @@ impl Forwarder {
                 break;
             };
             let lent = self.lent.as_mut().expect("lent while relaying");
+            // What only passes to the client, already read, goes on in place: its bytes are
+            // copied once, with no frame taken apart and no future (most of an answer).
+            if let Some(message) = lent.peek_message().filter(|m| passes_in_place(m[0])) {
+                let tag = message[0];
+                let shown = if tag == b'Z' {
+                    // A sluice message of this batch that failed left pgwire waiting for the
+                    // Sync; the upstream's ReadyForQuery answers that Sync.
+                    if matches!(
+                        socket.state(),
+                        pgwire::api::PgWireConnectionState::AwaitingSync
+                    ) {
+                        socket.set_state(pgwire::api::PgWireConnectionState::ReadyForQuery);
+                    }
+                    self.status = message.get(5).copied().unwrap_or(b'I');
+                    socket.set_transaction_status(match self.status {
+                        b'T' => TransactionStatus::Transaction,
+                        b'E' => TransactionStatus::Error,
+                        _ => TransactionStatus::Idle,
+                    });
+                    matches!(head.answer, Answer::Relay(_))
+                } else {
+                    if tag == b'C' {
+                        if let Some(record) = self.running.as_mut().and_then(|r| r.record.as_mut())
+                        {
+                            record.add_rows(rows_counted(&message[5..]));
+                        }
+                    }
+                    head.answer.shown()
+                };
+                if shown {
+                    write_message(socket, message).await?;
+                }
+                let len = message.len();
+                lent.pass(len);
+                if tag == b'Z' {
+                    answers.pop_front();
+                    got_ready = true;
+                } else if head.answer.ends().by(tag) {
+                    answers.pop_front();
+                }
+                continue;
+            }
             let stop = self
                 .running
                 .as_mut()
@@ -1236,9 +1326,13 @@ impl Forwarder {
                 // The answer first: a frame already read never waits for the stop's checks
                 // (nor costs a future).
                 (Some(frame), _) => frame,
+                // More is read, then taken in place where it can be.
                 (None, Some(stop)) => tokio::select! {
                     biased;
-                    frame = lent.read_frame() => frame,
+                    more = lent.read_more() => match more {
+                        Ok(()) => continue,
+                        Err(e) => Err(e),
+                    },
                     e = stop => {
                         // Cancelled, killed, out of time, or its client went away: the
                         // upstream is asked to stop, and its answer is still read out.
@@ -1251,7 +1345,10 @@ impl Forwarder {
                         continue;
                     }
                 },
-                (None, None) => lent.read_frame().await,
+                (None, None) => match lent.read_more().await {
+                    Ok(()) => continue,
+                    Err(e) => Err(e),
+                },
             };
             let frame = match frame {
                 Ok(frame) => frame,
@@ -1525,6 +1622,10 @@ fn translate(
             let _ = message.encode(out);
             answers.push_back(Expect::relay(ends));
         }
+        Step::Passed { frame, ends } => {
+            out.extend_from_slice(&frame);
+            answers.push_back(Expect::relay(ends));
+        }
         Step::CloseStatement { name } => {
             if pooled && !name.is_empty() {
                 // Pooled statements are shared: the client's name is forgotten, the
@@ -1609,7 +1710,12 @@ fn sqlstate(frame: &Frame) -> String {
 
 /// The rows a CommandComplete tag counts (`SELECT 5`, `INSERT 0 3`), 0 if none.
 fn rows_of(frame: &Frame) -> usize {
-    let tag = frame.body.split(|&b| b == 0).next().unwrap_or_default();
+    rows_counted(&frame.body)
+}
+
+/// [`rows_of`] a CommandComplete's body.
+fn rows_counted(body: &[u8]) -> usize {
+    let tag = body.split(|&b| b == 0).next().unwrap_or_default();
     std::str::from_utf8(tag)
         .ok()
         .and_then(|t| t.rsplit(' ').next())
@@ -1618,10 +1724,11 @@ fn rows_of(frame: &Frame) -> usize {
 }
 
 /// The message types the connection loop reads whole for a forwarding client, not decoded
-/// ([`crate::wire::Incoming::Raw`]): the Bind, Execute and Sync of every extended-protocol
-/// round trip, passed upstream as they came ([`Forwarder::route_raw`]).
+/// ([`crate::wire::Incoming::Raw`]): a simple Query (its text read in place) and the Bind,
+/// Describe, Execute and Sync of every extended-protocol round trip (libpq describes each
+/// portal it executes), passed upstream as they came ([`Forwarder::route_raw`]).
 pub fn passes_whole(tag: u8) -> bool {
-    matches!(tag, b'B' | b'E' | b'S')
+    matches!(tag, b'Q' | b'B' | b'D' | b'E' | b'S')
 }
 
 /// Where the NUL-terminated string starting at `at` in `frame` is (without its NUL).
@@ -1667,6 +1774,28 @@ where
     }
     io.write_all(&header).await?;
     io.write_all(&frame.body).await
+}
+
+/// Backend messages the relay passes to the client in place, as they came
+/// ([`UpstreamConnection::peek_message`]): all but those sluice must read or act on —
+/// notices, notifications and parameter changes (sent at once), errors, the start of a
+/// `COPY FROM STDIN`, and what only comes at start-up.
+fn passes_in_place(tag: u8) -> bool {
+    !matches!(tag, b'N' | b'A' | b'S' | b'E' | b'G' | b'K' | b'R')
+}
+
+/// A backend message whole (type, length, body), to the client: held with the rest of the
+/// answer, or written once [`crate::wire::HOLD_LIMIT`] is held.
+async fn write_message<S, T>(socket: &mut Socket<S, T>, message: &[u8]) -> ClientResult<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    let io = socket.get_mut();
+    if io.hold(&message[..5], &message[5..]) {
+        return Ok(());
+    }
+    io.write_all(message).await
 }
 
 async fn write_raw<S, T>(socket: &mut Socket<S, T>, bytes: &[u8]) -> ClientResult<()>
@@ -1762,6 +1891,125 @@ mod tests {
         );
         renamed.statement_name = bind.statement_name.clone();
         assert_eq!(renamed, bind);
+    }
+
+    /// A client's forwarder before it has an upstream connection (routing needs none).
+    fn forwarder() -> Forwarder {
+        let url = UpstreamUrl::parse("postgres://u@127.0.0.1:1/db").expect("url");
+        Forwarder::new(Arc::new(Upstream::new(UpstreamOptions {
+            url,
+            pool_size: 1,
+            pool_mode: PoolMode::Session,
+            admission: AdmissionMode::Statement,
+        })))
+    }
+
+    /// `body` as one frontend message of type `tag`.
+    fn message(tag: u8, body: &[u8]) -> BytesMut {
+        let mut frame = BytesMut::from(&[tag][..]);
+        frame.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        frame.extend_from_slice(body);
+        frame
+    }
+
+    #[test]
+    fn a_describe_read_whole_goes_upstream_as_it_came_unless_it_is_sluices() {
+        let mut f = forwarder();
+        let portal = message(b'D', b"Pp1\0");
+        match f.route_raw(portal.clone()) {
+            RoutedRaw::Upstream(Step::Passed { frame, ends }) => {
+                assert_eq!((frame, ends), (portal, Ends::One));
+            }
+            other => panic!("{other:?}"),
+        }
+        match f.route_raw(message(b'D', b"Ss1\0")) {
+            RoutedRaw::Upstream(Step::DescribeStatement { name, prepared }) => {
+                assert_eq!((name.as_str(), prepared.is_none()), ("s1", true));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A statement sluice answers (system.*) is described by sluice, as is its portal.
+        let parse = Parse::new(
+            Some("own".into()),
+            "SELECT * FROM system.workloads".into(),
+            vec![],
+        );
+        assert!(matches!(
+            f.route(PgWireFrontendMessage::Parse(parse)),
+            Routed::Local(_)
+        ));
+        assert!(matches!(
+            f.route_raw(message(b'D', b"Sown\0")),
+            RoutedRaw::Local(_)
+        ));
+        f.local_portals.insert("mine".into());
+        assert!(matches!(
+            f.route_raw(message(b'D', b"Pmine\0")),
+            RoutedRaw::Local(_)
+        ));
+        // No NUL after the name, or none at all: a protocol violation.
+        assert!(matches!(
+            f.route_raw(message(b'D', b"Pp1")),
+            RoutedRaw::Malformed
+        ));
+        assert!(matches!(
+            f.route_raw(message(b'D', b"")),
+            RoutedRaw::Malformed
+        ));
+        // A target type that is neither: pgwire refuses it, as PostgreSQL does.
+        assert!(matches!(
+            f.route_raw(message(b'D', b"Xp1\0")),
+            RoutedRaw::Local(_)
+        ));
+    }
+
+    #[test]
+    fn a_query_read_whole_is_routed_on_its_text() {
+        let mut f = forwarder();
+        let text = |routed: RoutedRaw| match routed {
+            RoutedRaw::Upstream(Step::Query { text, pieces }) => (text, pieces.len()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            text(f.route_raw(message(b'Q', b"SELECT 1; SELECT 2\0"))),
+            ("SELECT 1; SELECT 2".to_string(), 2)
+        );
+        // sluice's own statements are answered by sluice (decoded from these bytes).
+        let own = message(b'Q', b"SHOW WORKLOADS\0");
+        match f.route_raw(own.clone()) {
+            RoutedRaw::Local(frame) => assert_eq!(frame, own),
+            other => panic!("{other:?}"),
+        }
+        // As pgwire's decoder reads it: invalid UTF-8 replaced, a missing NUL forgiven.
+        assert_eq!(
+            text(f.route_raw(message(b'Q', b"SELECT '\xff'\0"))),
+            ("SELECT '\u{fffd}'".to_string(), 1)
+        );
+        assert_eq!(
+            text(f.route_raw(message(b'Q', b"SELECT 3"))),
+            ("SELECT 3".to_string(), 1)
+        );
+    }
+
+    #[test]
+    fn system_tables_are_named_only_as_a_qualifier() {
+        for named in [
+            "SELECT * FROM system.processes",
+            "select * from SYSTEM.workloads",
+            "SELECT (system.x)",
+            "SELECT * FROM mysystem.a, system.b",
+        ] {
+            assert!(mentions_system(named), "{named}");
+        }
+        for not in [
+            "SELECT * FROM mysystem.a",
+            "SELECT * FROM a.system.b",
+            "SELECT * FROM my_system.b",
+            "SELECT \"system\"",
+            "SELECT 'system'",
+        ] {
+            assert!(!mentions_system(not), "{not}");
+        }
     }
 
     #[test]

@@ -278,6 +278,11 @@ impl Flag {
         self.waker.wake();
     }
 
+    /// Whether it was raised (without waiting for it).
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+
     /// Ready once raised; the waker it last polled with is the one woken.
     pub fn poll_raised(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         if !self.raised.load(Ordering::Acquire) {

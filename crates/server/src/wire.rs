@@ -222,38 +222,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     loop {
-        let buffered = socket.read_buffer();
-        if let Some(&tag) = buffered.first() {
-            if raw(tag) {
-                if buffered.len() >= 5 {
-                    let len =
-                        u32::from_be_bytes([buffered[1], buffered[2], buffered[3], buffered[4]])
-                            as usize;
-                    let limit = if matches!(tag, b'B' | b'd') {
-                        RAW_LIMIT
-                    } else {
-                        SMALL_RAW_LIMIT
-                    };
-                    if !(4..=limit).contains(&len) {
-                        return Some(Err(PgWireError::MessageTooLarge(limit, len)));
-                    }
-                    if buffered.len() > len {
-                        return Some(Ok(Incoming::Raw(
-                            socket.read_buffer_mut().split_to(1 + len),
-                        )));
-                    }
-                }
-            } else {
-                // The codec and the bytes are both the socket's: the buffer is lent to it.
-                let mut bytes = std::mem::take(socket.read_buffer_mut());
-                let decoded = socket.codec_mut().decode(&mut bytes);
-                *socket.read_buffer_mut() = bytes;
-                match decoded {
-                    Ok(Some(message)) => return Some(Ok(Incoming::Message(message))),
-                    Ok(None) => {}
-                    Err(e) => return Some(Err(e)),
-                }
-            }
+        if let Some(incoming) = buffered_incoming(socket, raw) {
+            return Some(incoming);
         }
         // More bytes: read into the socket's own buffer, taken and put back within one poll
         // (so that dropping this future loses nothing).
@@ -271,6 +241,49 @@ where
             Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
+    }
+}
+
+/// The client's next message if its socket has already read it whole (see
+/// [`next_incoming`]), without waiting: a round trip's Bind, Describe, Execute and Sync come
+/// in one read, and only the first of them needs a wait.
+pub fn buffered_incoming<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+    raw: fn(u8) -> bool,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let buffered = socket.read_buffer();
+    let &tag = buffered.first()?;
+    if raw(tag) {
+        if buffered.len() < 5 {
+            return None;
+        }
+        let len = u32::from_be_bytes([buffered[1], buffered[2], buffered[3], buffered[4]]) as usize;
+        let limit = if matches!(tag, b'Q' | b'B' | b'd') {
+            RAW_LIMIT
+        } else {
+            SMALL_RAW_LIMIT
+        };
+        if !(4..=limit).contains(&len) {
+            return Some(Err(PgWireError::MessageTooLarge(limit, len)));
+        }
+        if buffered.len() <= len {
+            return None;
+        }
+        return Some(Ok(Incoming::Raw(
+            socket.read_buffer_mut().split_to(1 + len),
+        )));
+    }
+    // The codec and the bytes are both the socket's: the buffer is lent to it.
+    let mut bytes = std::mem::take(socket.read_buffer_mut());
+    let decoded = socket.codec_mut().decode(&mut bytes);
+    *socket.read_buffer_mut() = bytes;
+    match decoded {
+        Ok(Some(message)) => Some(Ok(Incoming::Message(message))),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
     }
 }
 
@@ -340,6 +353,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 _ = &mut startup_deadline => None,
                 m = socket.next() => m.map(|m| m.map(Incoming::Message)),
             }
+        } else if let Some(incoming) = (!terminate.is_raised())
+            .then(|| buffered_incoming(&mut socket, raw_reads))
+            .flatten()
+        {
+            // Read already (the rest of a round trip): no wait, so nothing to select.
+            Some(incoming)
         } else {
             tokio::select! {
                 biased;

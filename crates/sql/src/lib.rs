@@ -32,8 +32,8 @@ pub use ast::{
 pub use error::{Error, ErrorCode, Position, Result};
 pub use fingerprint::{fingerprint, fingerprint_key, Fingerprint};
 pub use parser::{
-    collapse_whitespace, first_chars, mentions, parse_script, parse_statement, split_settings,
-    QueryMarkup, ScriptStatement,
+    collapse_whitespace, first_chars, mention_places, mentions, parse_script, parse_statement,
+    split_settings, QueryMarkup, ScriptStatement,
 };
 pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use statement::{

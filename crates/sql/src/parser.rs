@@ -150,32 +150,47 @@ pub struct QueryMarkup {
     pub settings: Vec<(String, Literal)>,
 }
 
+/// Whether `text` contains `needle`, ASCII case ignored; no allocation (it runs on every query).
+pub fn mentions(text: &str, needle: &str) -> bool {
+    mention_places(text, needle).next().is_some()
+}
+
+/// Where `needle` starts in `text`, ASCII case ignored, each place in turn (overlapping ones
+/// too); no allocation. An empty needle is at 0 only.
+pub fn mention_places<'a>(text: &'a str, needle: &'a str) -> impl Iterator<Item = usize> + 'a {
+    let bytes = text.as_bytes();
+    let needle = needle.as_bytes();
+    let first = needle.first().copied();
+    let rest = needle.get(1..).unwrap_or_default();
+    let mut from = Some(0);
+    std::iter::from_fn(move || {
+        let Some(first) = first else {
+            return from.take();
+        };
+        let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+        // The first byte alone rules out almost every place: jump from one of its places to
+        // the next (memchr's vector search), and compare the rest only there.
+        loop {
+            let start = from?;
+            let at = start + memchr::memchr2(lower, upper, bytes.get(start..)?)?;
+            let after = at + 1;
+            from = Some(after);
+            match bytes.get(after..after + rest.len()) {
+                Some(candidate) if candidate.eq_ignore_ascii_case(rest) => return Some(at),
+                Some(_) => {}
+                None => {
+                    from = None;
+                    return None;
+                }
+            }
+        }
+    })
+}
+
 /// Takes a `SETTINGS name = literal {, name = literal}` tail off a query. The tail is the last
 /// top-level `SETTINGS` word after which only such a list (and an optional `;`) follows; a
 /// `SETTINGS` that is followed by anything else (a column alias, say) is left in place. Text
 /// that does not tokenize is returned unchanged, for the engine to report.
-/// Whether `text` contains `needle`, ASCII case ignored; no allocation (it runs on every query).
-pub fn mentions(text: &str, needle: &str) -> bool {
-    let needle = needle.as_bytes();
-    let Some((&first, rest)) = needle.split_first() else {
-        return true;
-    };
-    let (lower, upper) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
-    // The first byte alone rules out almost every place: jump from one of its places to the
-    // next (memchr's vector search), and compare the rest only there.
-    let bytes = text.as_bytes();
-    let mut from = 0;
-    while let Some(at) = memchr::memchr2(lower, upper, &bytes[from..]) {
-        let start = from + at + 1;
-        match bytes.get(start..start + rest.len()) {
-            Some(candidate) if candidate.eq_ignore_ascii_case(rest) => return true,
-            Some(_) => from = start,
-            None => return false,
-        }
-    }
-    false
-}
-
 pub fn split_settings(sql: &str) -> Result<QueryMarkup> {
     let unchanged = || QueryMarkup {
         query: sql.to_string(),
@@ -1113,6 +1128,25 @@ mod tests {
             " OR user = 'b'".repeat(MAX_PREDICATE_DEPTH - 1)
         );
         assert!(parse_statement(&fits).is_ok());
+    }
+
+    #[test]
+    fn mention_places_are_every_start_in_turn() {
+        let places = |text, needle| mention_places(text, needle).collect::<Vec<_>>();
+        assert_eq!(
+            places("system.a, SYSTEM.b, xsystem.c", "system."),
+            [0, 10, 21]
+        );
+        assert_eq!(places("aaa", "aa"), [0, 1]);
+        assert_eq!(places("abc", ""), [0]);
+        assert_eq!(places("abc", "abcd"), Vec::<usize>::new());
+        assert_eq!(places("", "a"), Vec::<usize>::new());
+        // Past its last place a search ends, however often asked.
+        let mut it = mention_places("ab ab", "ab");
+        assert_eq!(
+            (it.next(), it.next(), it.next(), it.next()),
+            (Some(0), Some(3), None, None)
+        );
     }
 
     #[test]

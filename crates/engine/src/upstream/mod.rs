@@ -540,10 +540,7 @@ impl UpstreamConnection {
                     });
                 }
             }
-            b'Z' => {
-                self.transaction = frame.body.first().copied().unwrap_or(b'I');
-                self.awaiting = self.awaiting.saturating_sub(1);
-            }
+            b'Z' => self.ready_for_query(frame.body.first().copied()),
             _ => {}
         }
     }
@@ -631,15 +628,22 @@ impl UpstreamConnection {
             if let Some(frame) = self.buffered_frame() {
                 return frame;
             }
-            let n = self
-                .stream
-                .read_buf(&mut self.read)
-                .await
-                .map_err(|e| self.lost(&e.to_string()))?;
-            if n == 0 {
-                return Err(self.lost("the connection closed"));
-            }
+            self.read_more().await?;
         }
+    }
+
+    /// Reads what the upstream sent next into the connection's buffer (at least a byte),
+    /// where [`UpstreamConnection::peek_message`] and `buffered_frame` find it. Cancel-safe.
+    pub async fn read_more(&mut self) -> Result<()> {
+        let n = self
+            .stream
+            .read_buf(&mut self.read)
+            .await
+            .map_err(|e| self.lost(&e.to_string()))?;
+        if n == 0 {
+            return Err(self.lost("the connection closed"));
+        }
+        Ok(())
     }
 
     /// The next backend message if it has already been read whole, without waiting (for the
@@ -666,6 +670,48 @@ impl UpstreamConnection {
         let frame = Frame { tag, body };
         self.observe(&frame);
         Some(Ok(frame))
+    }
+
+    /// The next message if it has been read whole, left where it is: its bytes as they came
+    /// (type, length word, body), for a relay that copies them on and then
+    /// [`UpstreamConnection::pass`]es them. Unlike [`UpstreamConnection::buffered_frame`] it
+    /// takes nothing apart: most of an answer (rows, completions, descriptions,
+    /// ReadyForQuery) only passes through. `None` when more must be read first or the length
+    /// is out of bounds (`buffered_frame` says so then).
+    pub fn peek_message(&self) -> Option<&[u8]> {
+        let read = &self.read[..];
+        let header: [u8; 5] = read.get(..5)?.try_into().ok()?;
+        let len = usize::try_from(i32::from_be_bytes([
+            header[1], header[2], header[3], header[4],
+        ]))
+        .ok()
+        .filter(|&l| (4..=MAX_FRAME).contains(&l))?;
+        read.get(..1 + len)
+    }
+
+    /// Takes the `len` bytes of the message [`UpstreamConnection::peek_message`] showed, noting
+    /// what sluice keeps of it as [`UpstreamConnection::buffered_frame`] does.
+    ///
+    /// REQUIRES: `len` is the length of the message `peek_message` returned last.
+    pub fn pass(&mut self, len: usize) {
+        match self.read[0] {
+            b'Z' => self.ready_for_query(self.read.get(5).copied()),
+            b'S' | b'K' => {
+                let frame = Frame {
+                    tag: self.read[0],
+                    body: Bytes::copy_from_slice(&self.read[5..len]),
+                };
+                self.observe(&frame);
+            }
+            _ => {}
+        }
+        self.read.advance(len);
+    }
+
+    /// A ReadyForQuery with transaction status `status` came: one answer less awaited.
+    fn ready_for_query(&mut self, status: Option<u8>) {
+        self.transaction = status.unwrap_or(b'I');
+        self.awaiting = self.awaiting.saturating_sub(1);
     }
 
     /// Asks the upstream what `sql` takes and gives without running it: Parse, Describe and
