@@ -312,19 +312,30 @@ fn utility(text: &str) -> Query {
     }
 }
 
+/// One statement of a simple Query: where it is in the text, and what is forwarded of it
+/// (`None`: it is sluice's own).
+type Piece = (std::ops::Range<usize>, Option<Forwarded>);
+
 /// A simple Query's statements, each with what is forwarded of it (`None`: sluice's own);
 /// `None` when every one is sluice's (sluice answers the whole text).
-fn query_pieces(text: &str) -> Option<Vec<(String, Option<Forwarded>)>> {
+fn query_pieces(text: &str) -> Option<Vec<Piece>> {
     // The script is lexed once: each statement is read as it is split off.
     let mut statements = sluice_sql::statements_with_text(text);
-    let pieces: Vec<(String, Option<Forwarded>)> = if statements.len() == 1 {
+    let pieces: Vec<Piece> = if statements.len() == 1 {
         // One statement goes as the client wrote it (comments, `;` and all).
         let (_, statement) = statements.remove(0);
-        vec![(text.to_string(), forwarded_as(text, statement.map(Some)))]
+        vec![(0..text.len(), forwarded_as(text, statement.map(Some)))]
     } else {
         statements
             .into_iter()
-            .map(|(piece, statement)| (piece.to_string(), forwarded_as(piece, statement.map(Some))))
+            .map(|(piece, statement)| {
+                // `piece` is a slice of `text`: where it is.
+                let start = piece.as_ptr() as usize - text.as_ptr() as usize;
+                (
+                    start..start + piece.len(),
+                    forwarded_as(piece, statement.map(Some)),
+                )
+            })
             .collect()
     };
     if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
@@ -371,7 +382,7 @@ pub enum Step {
     /// A simple Query: its statements, each with what is forwarded of it (`None`: sluice's).
     Query {
         text: String,
-        pieces: Vec<(String, Option<Forwarded>)>,
+        pieces: Vec<Piece>,
     },
     Parse {
         name: String,
@@ -915,7 +926,7 @@ impl Forwarder {
     async fn simple_query<S, T>(
         &mut self,
         text: String,
-        pieces: Vec<(String, Option<Forwarded>)>,
+        pieces: Vec<Piece>,
         socket: &mut Socket<S, T>,
         connection: &Connection,
     ) -> ClientResult<()>
@@ -925,20 +936,25 @@ impl Forwarder {
     {
         let mixed = pieces.iter().any(|(_, f)| f.is_none());
         if !mixed {
-            let sql = match pieces.as_slice() {
-                [(_, Some(f))] => f.sql.clone(),
-                _ if pieces
-                    .iter()
-                    .all(|(p, f)| f.as_ref().is_some_and(|f| f.sql == *p)) =>
+            // What goes upstream, encoded from the texts at hand (none copied).
+            let mut out = std::mem::take(&mut self.spare_out);
+            match pieces.as_slice() {
+                [(_, Some(f))] => encode_query(&f.sql, &mut out),
+                _ if pieces.iter().all(|(at, f)| {
+                    f.as_ref()
+                        .is_some_and(|f| f.sql.as_str() == &text[at.clone()])
+                }) =>
                 {
-                    text.clone()
+                    encode_query(&text, &mut out)
                 }
-                _ => pieces
-                    .iter()
-                    .filter_map(|(_, f)| f.as_ref().map(|f| f.sql.clone()))
-                    .collect::<Vec<_>>()
-                    .join(";\n"),
-            };
+                _ => {
+                    let sqls: Vec<&str> = pieces
+                        .iter()
+                        .filter_map(|(_, f)| f.as_ref().map(|f| f.sql.as_str()))
+                        .collect();
+                    encode_query(&sqls.join(";\n"), &mut out)
+                }
+            }
             let changes_session = pieces
                 .iter()
                 .any(|(_, f)| f.as_ref().is_some_and(|f| f.changes_session));
@@ -947,19 +963,14 @@ impl Forwarder {
                 .find_map(|(_, f)| f)
                 .unwrap_or_else(|| Forwarded::new(text.clone(), utility(&text), false));
             if !self.begin(socket, connection, Some(&admit_as)).await? {
+                out.clear();
+                self.spare_out = out;
                 return self.ready(socket).await;
             }
-            let mut out = std::mem::take(&mut self.spare_out);
-            encode(&QueryMessage::new(sql), &mut out);
             self.mark(changes_session);
-            return self
-                .relay(
-                    socket,
-                    out,
-                    VecDeque::from([Expect::relay(Ends::Ready)]),
-                    true,
-                )
-                .await;
+            let mut answers = std::mem::take(&mut self.spare_answers);
+            answers.push_back(Expect::relay(Ends::Ready));
+            return self.relay(socket, out, answers, true).await;
         }
         // Mixed: each statement in turn, one ReadyForQuery at the end; the first error stops.
         for (piece, forwarded) in pieces {
@@ -969,7 +980,7 @@ impl Forwarder {
                         false
                     } else {
                         let mut out = std::mem::take(&mut self.spare_out);
-                        encode(&QueryMessage::new(f.sql.clone()), &mut out);
+                        encode_query(&f.sql, &mut out);
                         self.mark(f.changes_session);
                         let answers = VecDeque::from([Expect::new(Answer::Piece)]);
                         self.relay(socket, out, answers, false).await?;
@@ -978,7 +989,9 @@ impl Forwarder {
                 }
                 None => {
                     let result = pgwire::api::query::SimpleQueryHandler::do_query(
-                        connection, socket, &piece,
+                        connection,
+                        socket,
+                        &text[piece],
                     )
                     .await;
                     match result {
@@ -1713,13 +1726,21 @@ fn rows_of(frame: &Frame) -> usize {
     rows_counted(&frame.body)
 }
 
-/// [`rows_of`] a CommandComplete's body.
+/// [`rows_of`] a CommandComplete's body: the digits after the tag's last space (one runs
+/// per statement, so it reads bytes, not strings).
 fn rows_counted(body: &[u8]) -> usize {
-    let tag = body.split(|&b| b == 0).next().unwrap_or_default();
-    std::str::from_utf8(tag)
-        .ok()
-        .and_then(|t| t.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
+    let tag = &body[..memchr::memchr(0, body).unwrap_or(body.len())];
+    let digits = &tag[memchr::memrchr(b' ', tag).map_or(0, |at| at + 1)..];
+    if digits.is_empty() {
+        return 0;
+    }
+    digits
+        .iter()
+        .try_fold(0usize, |n, &d| {
+            d.is_ascii_digit()
+                .then(|| n.checked_mul(10)?.checked_add(usize::from(d - b'0')))
+                .flatten()
+        })
         .unwrap_or(0)
 }
 
@@ -1816,6 +1837,16 @@ const KEEP_AT_MOST: usize = 64 * 1024;
 fn encode<M: Message>(message: &M, out: &mut BytesMut) {
     // Encoding into memory cannot fail for messages pgwire decoded.
     let _ = message.encode(out);
+}
+
+/// A simple-protocol Query for `sql`, as pgwire's `Query` encodes it, from the text where it
+/// is (no `String` made for it).
+fn encode_query(sql: &str, out: &mut BytesMut) {
+    out.reserve(6 + sql.len());
+    out.extend_from_slice(b"Q");
+    out.extend_from_slice(&(4 + sql.len() as u32 + 1).to_be_bytes());
+    out.extend_from_slice(sql.as_bytes());
+    out.extend_from_slice(b"\0");
 }
 
 fn encode_frontend(message: &PgWireFrontendMessage, out: &mut BytesMut) {
@@ -2009,6 +2040,40 @@ mod tests {
             "SELECT 'system'",
         ] {
             assert!(!mentions_system(not), "{not}");
+        }
+    }
+
+    #[test]
+    fn a_query_is_encoded_as_pgwire_encodes_it() {
+        for sql in ["SELECT 1", "", "SELECT 'é'"] {
+            let (mut ours, mut theirs) = (BytesMut::new(), BytesMut::new());
+            encode_query(sql, &mut ours);
+            encode(&QueryMessage::new(sql.to_string()), &mut theirs);
+            assert_eq!(ours, theirs);
+        }
+    }
+
+    #[test]
+    fn rows_are_the_last_number_of_a_command_tag() {
+        for (tag, rows) in [
+            (&b"SELECT 5\0"[..], 5),
+            (b"INSERT 0 3\0", 3),
+            (b"UPDATE 12345678\0", 12_345_678),
+            (b"CREATE TABLE\0", 0),
+            (b"BEGIN\0", 0),
+            (b"SELECT 5", 5),
+            (b"SELECT -1\0", 0),
+            (b"SELECT 18446744073709551615\0", usize::MAX),
+            (b"SELECT 18446744073709551616\0", 0),
+            (b"\0", 0),
+            (b"", 0),
+        ] {
+            assert_eq!(
+                rows_counted(tag),
+                rows,
+                "{:?}",
+                String::from_utf8_lossy(tag)
+            );
         }
     }
 
