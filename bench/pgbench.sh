@@ -29,7 +29,8 @@ start_postgres "$pg_port" 200
 # through a QUERY resource.
 start_sluice() {
   local bin=$1 port=$2 dir=$3
-  "$bin" serve --listen "127.0.0.1:$port" --data-dir "$dir" >/dev/null 2>"$dir.log" &
+  # A session of its own, as PostgreSQL's (bench/postgres.sh, `server_session`).
+  setsid "$bin" serve --listen "127.0.0.1:$port" --data-dir "$dir" >/dev/null 2>"$dir.log" &
   local pid=$!
   for _ in $(seq 100); do
     grep -q "listening on" "$dir.log" 2>/dev/null && break

@@ -10,13 +10,22 @@
 #   stop_postgres             immediate stop (for cleanup traps)
 #   percentiles               "p50_ms p99_ms" from pgbench's per-transaction logs $work/log.*
 #   start_pgbouncer MODE PORT   PgBouncer (pool_mode MODE, 64 connections) in front of
-#                               $pg_port; its pid in $started (and in $pids)
+#                               $pg_port; its pid in $started (and in $pids);
+#                               $PGBOUNCER_WRAPPER, if set, is the command it runs under
 #   start_upstream_sluice NAME BIN PORT MODE
 #                             sluice --upstream to $pg_port (pool_mode MODE, 64 connections)
 #                             with a three-level tree (all > prod > bench, a QUERY resource);
 #                             its pid in $started (and in $pids); $SLUICE_WRAPPER, if set,
-#                             is the command it runs under (valgrind …)
+#                             is the command it runs under (valgrind …); $SLUICE_TOML_EXTRA,
+#                             if set, is appended to its config (a `[server]` table, say)
 export PATH="$PATH:/usr/local/bin:/usr/sbin:$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)"
+
+# server_session: every server here runs in a session of its own (`setsid`), as it would as a
+# service: pg_ctl starts PostgreSQL so, and the proxies are started so too. Linux's autogroup
+# scheduling (on by default) shares the CPU between sessions first, then between the tasks of
+# each; a proxy left in the benchmark script's session would share one group with pgbench's
+# threads, and compete with the load generator instead of beside it (BENCHMARKS.md, "The
+# harness fixed, one connection thread on two cores").
 
 as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
 
@@ -106,8 +115,14 @@ max_client_conn = 500
 logfile = $dir/log
 INI
   [ "$(id -u)" = 0 ] && chown -R postgres "$dir"
-  if [ "$(id -u)" = 0 ]; then pgbouncer -u postgres "$dir/pgbouncer.ini" >/dev/null 2>&1 &
-  else pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 & fi
+  # In a session of its own, as a server runs (see `server_session`).
+  # shellcheck disable=SC2086 # the wrapper is a command with its arguments
+  if [ -n "${PGBOUNCER_WRAPPER:-}" ] && [ "$(id -u)" = 0 ]; then
+    # The wrapper (valgrind) runs as the user PgBouncer ends up as, so that what it writes at
+    # the end can be written; setpriv execs, so the pid is PgBouncer's own.
+    setsid setpriv --reuid=postgres --regid=postgres --clear-groups $PGBOUNCER_WRAPPER pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  elif [ "$(id -u)" = 0 ]; then setsid pgbouncer -u postgres "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  else setsid ${PGBOUNCER_WRAPPER:-} pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 & fi
   started=$!
   pids+=("$started")
   wait_for_port "$port"
@@ -130,9 +145,11 @@ CREATE WORKLOAD prod IN all SETTINGS priority = 0, weight = 3;
 CREATE WORKLOAD bench IN prod;
 CREATE WORKLOAD dev IN all SETTINGS priority = 1;
 """
+${SLUICE_TOML_EXTRA:-}
 TOML
+  # In a session of its own, as a server runs (see `server_session`).
   # shellcheck disable=SC2086 # the wrapper is a command with its arguments
-  ${SLUICE_WRAPPER:-} "$bin" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" \
+  setsid ${SLUICE_WRAPPER:-} "$bin" serve --config "$dir/sluice.toml" --listen "127.0.0.1:$port" \
     --data-dir "$dir/data" >/dev/null 2>"$dir.log" &
   started=$!
   pids+=("$started")

@@ -8,7 +8,8 @@
 #
 #   bench/upstream_instructions.sh [TRANSACTIONS_PER_CLIENT]      (default 1000, 4 clients)
 #
-# SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it.
+# SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it;
+# PGBOUNCER=1 adds PgBouncer's count (session pooling; needs pgbouncer).
 # KEEP_PROFILES=dir keeps each run's callgrind output there (dir/NAME-PROTOCOL.out, NAME the
 # binary's file name), for `callgrind_annotate --inclusive=yes`.
 # Needs valgrind, pgbench and PostgreSQL's server binaries; loopback only, a temp dir.
@@ -47,17 +48,37 @@ instructions() {
     '/^totals:/ {if ($2 > m) m = $2} END {printf "%d\n", m / n}'
 }
 
+# pgbouncer_instructions PROTOCOL -> PgBouncer's instructions per transaction: two runs under
+# callgrind, of 500 and of 2,500 transactions per client, each counted whole (start-up,
+# connections and all) and subtracted, so what is left is 8,000 transactions' steady cost.
+pgbouncer_instructions() {
+  local protocol=$1 totals=() n out
+  for n in 500 2500; do
+    out="$work/pgbouncer-session/callgrind.$n"
+    PGBOUNCER_WRAPPER="valgrind --tool=callgrind --callgrind-out-file=$out" start_pgbouncer session 6458
+    pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -h 127.0.0.1 -p 6458 -U bench postgres \
+      -t "$n" >/dev/null 2>&1
+    kill "$started"; wait "$started" 2>/dev/null || true
+    totals+=("$(awk '/^totals:/ {print $2}' "$out")")
+  done
+  echo $(( (totals[1] - totals[0]) / (clients * 2000) ))
+}
+
 echo
 echo "sluice's user-space instructions per transaction (callgrind), pgbench -S, $clients clients × $per_client transactions, session pooling, $(date -u +%Y-%m-%d)"
 echo
-echo "| protocol | sluice |${SLUICE_BASELINE_BIN:+ baseline | sluice/baseline |}"
-echo "|---|---|${SLUICE_BASELINE_BIN:+---|---|}"
+echo "| protocol | sluice |${SLUICE_BASELINE_BIN:+ baseline | sluice/baseline |}${PGBOUNCER:+ PgBouncer | sluice/PgBouncer |}"
+echo "|---|---|${SLUICE_BASELINE_BIN:+---|---|}${PGBOUNCER:+---|---|}"
 for protocol in simple prepared; do
   now=$(instructions "$SLUICE_BIN" "$protocol")
+  row="| $protocol | $now |"
   if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
     base=$(instructions "$SLUICE_BASELINE_BIN" "$protocol")
-    echo "| $protocol | $now | $base | $(awk -v a="$now" -v b="$base" 'BEGIN {printf "%.2f", a / b}') |"
-  else
-    echo "| $protocol | $now |"
+    row+=" $base | $(awk -v a="$now" -v b="$base" 'BEGIN {printf "%.2f", a / b}') |"
   fi
+  if [ -n "${PGBOUNCER:-}" ]; then
+    bouncer=$(pgbouncer_instructions "$protocol")
+    row+=" $bouncer | $(awk -v a="$now" -v b="$bouncer" 'BEGIN {printf "%.2f", a / b}') |"
+  fi
+  echo "$row"
 done
