@@ -116,7 +116,8 @@ pub struct ServerConfig {
     /// The share of `memory` the engine's queries may hold together; default 0.8.
     pub engine_memory_ratio: Option<f64>,
     /// Threads client connections run on, each a runtime of its own (a connection stays on
-    /// one); default: the machine's cores; 0 runs them on one shared multi-threaded runtime.
+    /// one); default: the machine's cores, 1 on two cores or fewer; 0 runs them on one shared
+    /// multi-threaded runtime.
     pub connection_threads: Option<usize>,
 }
 

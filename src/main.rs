@@ -353,10 +353,11 @@ fn serve(
         );
     }
     let upstream = upstream_options(config.upstream.as_ref(), upstream_flag)?;
-    let connection_threads = config
-        .server
-        .connection_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let connection_threads = config.server.connection_threads.unwrap_or_else(|| {
+        sluice_server::threads::default_count(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )
+    });
     let options = sluice_server::ServerOptions {
         upstream,
         engine_memory_ratio,
@@ -400,11 +401,12 @@ fn serve(
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         tracing::info!(
-            "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory, {} connection threads)",
+            "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory, {} connection thread{})",
             options.data_dir.display(),
             options.machine.cores,
             options.machine.memory,
-            options.connection_threads
+            options.connection_threads,
+            if options.connection_threads == 1 { "" } else { "s" }
         );
         // What a newcomer types next.
         let bound = listener.local_addr().unwrap_or(addr);

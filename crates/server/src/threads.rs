@@ -22,6 +22,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::oneshot;
 
+/// `server.connection_threads` when the config says nothing: one per core, but one in all on
+/// a machine of two cores or fewer. There sluice shares its cores with the database it fronts
+/// (or the engine's threads), and two connection threads, each with a queue of its own, ran no
+/// more transactions than one through pgbench -S and had the longer tail: a client waits
+/// behind its own thread's queue while the other thread's may be empty (BENCHMARKS.md, "The
+/// harness fixed, one connection thread on two cores").
+pub fn default_count(cores: usize) -> usize {
+    if cores <= 2 {
+        1
+    } else {
+        cores
+    }
+}
+
 /// The threads connections run on.
 #[derive(Debug)]
 pub struct ConnectionThreads {
@@ -72,5 +86,19 @@ impl ConnectionThreads {
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.runtimes.len();
         self.runtimes[i].spawn(connection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_cores_or_fewer_get_one_connection_thread() {
+        assert_eq!(
+            [1, 2, 3, 4, 16].map(default_count),
+            [1, 1, 3, 4, 16],
+            "one queue on small machines, one per core above"
+        );
     }
 }
