@@ -433,7 +433,8 @@ pub enum RoutedRaw {
     Upstream(Step),
     /// sluice answers it: its bytes, to decode.
     Local(BytesMut),
-    /// Its names are cut short or not UTF-8: a protocol violation, never passed to a decoder.
+    /// A string in it is cut short (no NUL) or a name is not UTF-8: a protocol violation, never
+    /// passed to a decoder.
     Malformed,
 }
 
@@ -764,10 +765,13 @@ impl Forwarder {
                 RoutedRaw::Upstream(Step::Execute { frame, prepared })
             }
             Some(b'Q') => {
-                // Its text, up to the NUL, as pgwire's decoder reads it (invalid UTF-8 made
-                // valid, a missing NUL forgiven).
+                // Its text, up to the NUL (invalid UTF-8 made valid, as pgwire's decoder
+                // does); without the NUL it is no message PostgreSQL would read either.
                 let body = &frame[5..];
-                let text = &body[..memchr::memchr(0, body).unwrap_or(body.len())];
+                let Some(end) = memchr::memchr(0, body) else {
+                    return RoutedRaw::Malformed;
+                };
+                let text = &body[..end];
                 let text = match std::str::from_utf8(text) {
                     Ok(text) => std::borrow::Cow::Borrowed(text),
                     Err(_) => String::from_utf8_lossy(text),
@@ -2011,15 +2015,16 @@ mod tests {
             RoutedRaw::Local(frame) => assert_eq!(frame, own),
             other => panic!("{other:?}"),
         }
-        // As pgwire's decoder reads it: invalid UTF-8 replaced, a missing NUL forgiven.
+        // Invalid UTF-8 replaced, as pgwire's decoder does; a text without its NUL is a
+        // protocol violation (PostgreSQL: "invalid string in message").
         assert_eq!(
             text(f.route_raw(message(b'Q', b"SELECT '\xff'\0"))),
             ("SELECT '\u{fffd}'".to_string(), 1)
         );
-        assert_eq!(
-            text(f.route_raw(message(b'Q', b"SELECT 3"))),
-            ("SELECT 3".to_string(), 1)
-        );
+        assert!(matches!(
+            f.route_raw(message(b'Q', b"SELECT 3")),
+            RoutedRaw::Malformed
+        ));
     }
 
     #[test]

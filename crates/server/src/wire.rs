@@ -412,7 +412,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                     }
                     crate::forward::RoutedRaw::Malformed => {
                         let says =
-                            "invalid message format: a name in it is not a terminated UTF-8 string";
+                            "invalid message format: a string in it is not terminated, or a name not UTF-8";
                         fatal_protocol_violation(&mut socket, says.to_owned()).await;
                         break;
                     }

@@ -943,8 +943,9 @@ async fn a_batch_mixing_sluice_and_the_upstream_is_answered_in_order() {
     assert_eq!(tags_until_ready(&mut socket).await, "12DCZ");
 }
 
-/// The Bind, Execute and Sync a forwarding client sends are read whole, not decoded: one too
-/// long by its own length, or too malformed to route, ends that client's connection only.
+/// The Query, Bind, Describe, Execute and Sync a forwarding client sends are read whole, not
+/// decoded: one too long by its own length, or too malformed to route, ends that client's
+/// connection only.
 #[tokio::test]
 async fn malformed_messages_read_whole_end_only_their_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -952,7 +953,15 @@ async fn malformed_messages_read_whole_end_only_their_connection() {
     let over_long = [b'B', 0x7f, 0xff, 0xff, 0xff, 0, 0].to_vec();
     let no_names = message(b'B', b"portal-without-its-nul");
     let short = [b'E', 0, 0, 0, 2].to_vec();
-    for bytes in [over_long, no_names, short] {
+    let unterminated_query = message(b'Q', b"SELECT 1");
+    let describe_without_name = message(b'D', b"P");
+    for bytes in [
+        over_long,
+        no_names,
+        short,
+        unterminated_query,
+        describe_without_name,
+    ] {
         let mut socket = raw_client(s.server.port).await;
         let mut batch = bytes.clone();
         batch.extend(message(b'S', b""));
