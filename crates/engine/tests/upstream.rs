@@ -112,6 +112,41 @@ async fn the_upstream_wire_keeps_what_postgres_says() {
     );
     assert_eq!(&frames[2].body[..], b"SELECT 1\0");
 
+    // The same rows passed in place, as the relay takes them: each message whole as it came,
+    // its ReadyForQuery noted; a message larger than a connection keeps between messages
+    // leaves no buffer of its size behind (the connection goes back to the pool).
+    conn.query("SELECT 1 AS one, 'x'::text AS t, NULL::int AS n; SELECT repeat('y', 3000000)")
+        .await
+        .expect("sends");
+    let mut passed = Vec::new();
+    loop {
+        match conn.peek_message() {
+            Some(message) => {
+                let (tag, len) = (message[0], message.len());
+                passed.push(message.to_vec());
+                conn.pass(len);
+                if tag == b'Z' {
+                    break;
+                }
+            }
+            None => conn.read_more().await.expect("more"),
+        }
+    }
+    let tags: String = passed.iter().map(|m| m[0] as char).collect();
+    assert_eq!(tags, "TDCTDCZ");
+    assert_eq!(
+        &passed[1][5..],
+        &data_row(&[Some("1"), Some("x"), None])[..]
+    );
+    // Type, length, one column, its length, its 3,000,000 bytes.
+    assert_eq!(passed[4].len(), 1 + 4 + 2 + 4 + 3_000_000);
+    assert_eq!((conn.awaiting, conn.transaction), (0, b'I'));
+    assert!(
+        conn.read_buffer_capacity() <= 64 << 10,
+        "{} bytes kept",
+        conn.read_buffer_capacity()
+    );
+
     // An error with every field it has, then the connection goes on.
     conn.query("SELECT 1/0").await.expect("sends");
     let frames = conn.read_response().await.expect("answer");

@@ -35,6 +35,10 @@ use tokio::net::TcpStream;
 /// The largest backend message accepted (PostgreSQL's own limit on a field is 1 GB).
 const MAX_FRAME: usize = 1 << 30;
 
+/// The most a connection's read buffer keeps between messages (see
+/// [`UpstreamConnection::release_large_buffer`]).
+const KEPT_READ_BUFFER: usize = 1 << 20;
+
 /// Where the upstream is and who sluice is there: `postgres://user[:password]@host[:port]/db
 /// [?sslmode=disable|prefer|require&connect_timeout=SECONDS]`.
 #[derive(Clone, PartialEq, Eq)]
@@ -669,6 +673,7 @@ impl UpstreamConnection {
         let body = self.read.split_to(len - 4).freeze();
         let frame = Frame { tag, body };
         self.observe(&frame);
+        self.release_large_buffer();
         Some(Ok(frame))
     }
 
@@ -706,6 +711,21 @@ impl UpstreamConnection {
             _ => {}
         }
         self.read.advance(len);
+        self.release_large_buffer();
+    }
+
+    /// The bytes its read buffer holds on to between messages (allocated, used or not).
+    pub fn read_buffer_capacity(&self) -> usize {
+        self.read.capacity()
+    }
+
+    /// Once a message larger than [`KEPT_READ_BUFFER`] has been taken and nothing is left in
+    /// the buffer, the buffer goes: a connection that once carried a 50 MB value would
+    /// otherwise keep 50 MB for the rest of its life in the pool.
+    fn release_large_buffer(&mut self) {
+        if self.read.is_empty() && self.read.capacity() > KEPT_READ_BUFFER {
+            self.read = BytesMut::with_capacity(8192);
+        }
     }
 
     /// A ReadyForQuery with transaction status `status` came: one answer less awaited.
