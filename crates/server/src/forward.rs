@@ -42,7 +42,6 @@ use pgwire::messages::extendedquery::{
     Close, Describe, Flush, Parse, TARGET_TYPE_BYTE_PORTAL, TARGET_TYPE_BYTE_STATEMENT,
 };
 use pgwire::messages::response::TransactionStatus;
-use pgwire::messages::simplequery::Query as QueryMessage;
 use pgwire::messages::{Message, PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::PgWireMessageServerCodec;
 pub use sluice_engine::upstream::UpstreamUrl;
@@ -1200,7 +1199,7 @@ impl Forwarder {
             lent.dirty = true;
         }
         let mut out = BytesMut::new();
-        encode(&QueryMessage::new(sql), &mut out);
+        encode_query(&sql, &mut out);
         let answers = VecDeque::from([Expect::new(Answer::Quiet)]);
         self.relay(socket, out, answers, false).await
     }
@@ -1427,28 +1426,6 @@ impl Forwarder {
                     }
                     continue;
                 }
-                b'Z' => {
-                    // A sluice message of this batch that failed left pgwire waiting for the
-                    // Sync; the upstream's ReadyForQuery answers that Sync.
-                    if matches!(
-                        socket.state(),
-                        pgwire::api::PgWireConnectionState::AwaitingSync
-                    ) {
-                        socket.set_state(pgwire::api::PgWireConnectionState::ReadyForQuery);
-                    }
-                    self.status = frame.body.first().copied().unwrap_or(b'I');
-                    socket.set_transaction_status(match self.status {
-                        b'T' => TransactionStatus::Transaction,
-                        b'E' => TransactionStatus::Error,
-                        _ => TransactionStatus::Idle,
-                    });
-                    if matches!(head.answer, Answer::Relay(_)) {
-                        write_frame(socket, &frame).await?;
-                    }
-                    answers.pop_front();
-                    got_ready = true;
-                    continue;
-                }
                 b'G' => {
                     write_frame(socket, &frame).await?;
                     socket.get_mut().flush().await?;
@@ -1457,13 +1434,9 @@ impl Forwarder {
                     self.copy_in(socket, extended).await?;
                     continue;
                 }
+                // Only what `passes_in_place` leaves comes here (the start-up's 'K' and 'R'
+                // besides those above): rows, completions and ReadyForQuery never do.
                 tag => {
-                    if tag == b'C' {
-                        if let Some(record) = self.running.as_mut().and_then(|r| r.record.as_mut())
-                        {
-                            record.add_rows(rows_of(&frame));
-                        }
-                    }
                     if head.answer.shown() {
                         write_frame(socket, &frame).await?;
                     }
@@ -1725,13 +1698,8 @@ fn sqlstate(frame: &Frame) -> String {
         .unwrap_or_default()
 }
 
-/// The rows a CommandComplete tag counts (`SELECT 5`, `INSERT 0 3`), 0 if none.
-fn rows_of(frame: &Frame) -> usize {
-    rows_counted(&frame.body)
-}
-
-/// [`rows_of`] a CommandComplete's body: the digits after the tag's last space (one runs
-/// per statement, so it reads bytes, not strings).
+/// The rows a CommandComplete's body counts (`SELECT 5`, `INSERT 0 3`), 0 if none: the
+/// digits after the tag's last space (one runs per statement, so it reads bytes, not strings).
 fn rows_counted(body: &[u8]) -> usize {
     let tag = &body[..memchr::memchr(0, body).unwrap_or(body.len())];
     let digits = &tag[memchr::memrchr(b' ', tag).map_or(0, |at| at + 1)..];
@@ -1886,6 +1854,7 @@ fn error_bytes(e: &Error) -> BytesMut {
 mod tests {
     use super::*;
     use pgwire::messages::extendedquery::Bind;
+    use pgwire::messages::simplequery::Query as QueryMessage;
     use pgwire::messages::DecodeContext;
 
     fn decoded(frame: &mut BytesMut) -> Bind {
