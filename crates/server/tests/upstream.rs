@@ -420,18 +420,23 @@ async fn clients_get_what_they_get_going_direct() {
         ["t"]
     );
     // A forwarded statement's rows are counted from its CommandComplete, with either protocol.
-    column(&through, "SELECT n AS simple_seven FROM generate_series(1, 7) AS n").await;
+    column(
+        &through,
+        "SELECT n AS simple_seven FROM generate_series(1, 7) AS n",
+    )
+    .await;
     through
-        .query("SELECT n AS extended_five FROM generate_series(1, 5) AS n", &[])
+        .query(
+            "SELECT n AS extended_five FROM generate_series(1, 5) AS n",
+            &[],
+        )
         .await
         .expect("extended");
     for (marker, rows) in [("simple_seven", "7"), ("extended_five", "5")] {
         assert_eq!(
             column(
                 &through,
-                &format!(
-                    "SELECT rows FROM system.query_log WHERE query LIKE '%AS {marker} FROM%'"
-                ),
+                &format!("SELECT rows FROM system.query_log WHERE query LIKE '%AS {marker} FROM%'"),
             )
             .await,
             [rows],
