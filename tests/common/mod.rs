@@ -82,18 +82,16 @@ pub fn psql_at(
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The value of `var`, which `.ci/run` sets (`what` says to what): `None` outside CI, where
-/// the calling test says it skips; under CI its absence fails the test.
-pub fn required_env(var: &str, what: &str) -> Option<std::ffi::OsString> {
-    let value = std::env::var_os(var);
-    if value.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{var} is not set (.ci/run sets it)"
-        );
-        eprintln!("skipped: set {var} to {what}");
-    }
-    value
+/// The value of `var`, which `.ci/run` sets (`what` says to what) after installing what the
+/// test needs. A test whose dependency is missing fails, saying how to get it: it never
+/// passes having run nothing.
+pub fn required_env(var: &str, what: &str) -> std::ffi::OsString {
+    std::env::var_os(var).unwrap_or_else(|| {
+        panic!(
+            "{var} is not set: it names {what}. Run the tests with `bash .ci/run`, which \
+             installs it and sets {var}, or set it yourself"
+        )
+    })
 }
 
 /// Runs `program tests/<script> dsn` (a Python, Node.js or single-file Java driver script) with `envs`; returns

@@ -311,10 +311,10 @@ async fn the_pool_lends_resets_and_recovers() {
     let down = pool.checkout().await.expect_err("the upstream is down");
     assert_eq!(down.code, ErrorCode::AllConnectionTriesFailed, "{down}");
     assert!(down.message.contains(&url.address()), "{down}");
-    let started = Instant::now();
+    // Failing fast is failing without a connect: the backoff answers (an ordering, not a
+    // time a busy machine could break).
     let fast = pool.checkout().await.expect_err("still down");
     assert!(fast.message.contains("tries again in"), "{fast}");
-    assert!(started.elapsed() < Duration::from_millis(500));
     pg.restart();
     let mut served = None;
     for _ in 0..100 {
@@ -453,7 +453,16 @@ async fn tls_to_the_upstream_as_sslmode_asks() {
     }
     pg.psql("ALTER SYSTEM SET ssl = on");
     pg.psql("SELECT pg_reload_conf()");
-    std::thread::sleep(Duration::from_millis(300));
+    // The reload is seen, not assumed: a new session reads the postmaster's configuration.
+    let mut reloaded = false;
+    for _ in 0..200 {
+        if pg.psql("SHOW ssl").contains("on") {
+            reloaded = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(reloaded, "PostgreSQL took ssl = on");
 
     for mode in [
         "sslmode=prefer".to_string(),

@@ -109,11 +109,29 @@ impl std::str::FromStr for AdmissionMode {
     }
 }
 
-/// The upstream, as the server shares it: its pool and what it announced at start-up.
+/// Which pool serves a client: its database and the run-time parameters of its start-up
+/// (its `application_name` aside: that one is set per lend, so clients that differ only in
+/// their names share connections). Connections are opened with these as their own start-up,
+/// so the session is the client's as going direct (`RESET TimeZone` returns to its start-up
+/// value).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    database: String,
+    parameters: Vec<(String, String)>,
+}
+
+/// Pools kept at most before those holding no connection are forgotten (each client with
+/// start-up parameters of its own may make one).
+const KEPT_POOLS: usize = 64;
+
+/// The upstream, as the server shares it: its pools and what it announced at start-up.
 #[derive(Debug)]
 pub struct Upstream {
     pub options: UpstreamOptions,
+    /// The URL's own: its database, no client's parameters (the start-up probe's).
     pub pool: UpstreamPool,
+    /// One pool per [`PoolKey`], each of `pool_size` connections at most.
+    pools: Mutex<HashMap<PoolKey, UpstreamPool>>,
     /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
     /// passed on to clients at their start-up so they see the upstream's.
     parameters: Mutex<Vec<(String, String)>>,
@@ -138,9 +156,47 @@ impl Upstream {
     pub fn new(options: UpstreamOptions) -> Upstream {
         Upstream {
             pool: UpstreamPool::new(options.url.clone(), options.pool_size),
+            pools: Mutex::default(),
             options,
             parameters: Mutex::default(),
         }
+    }
+
+    /// The pool for a client whose start-up says `metadata`: its database (the URL's when it
+    /// names none) and its run-time parameters.
+    pub fn pool_for(&self, metadata: &HashMap<String, String>) -> UpstreamPool {
+        let url = &self.options.url;
+        let key = PoolKey {
+            database: metadata
+                .get("database")
+                .filter(|d| !d.is_empty())
+                .unwrap_or(&url.database)
+                .clone(),
+            parameters: client_parameters(metadata)
+                .into_iter()
+                .filter(|(name, _)| !name.eq_ignore_ascii_case("application_name"))
+                .collect(),
+        };
+        if key.database == url.database && key.parameters.is_empty() {
+            return self.pool.clone();
+        }
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = pools.get(&key) {
+            return pool.clone();
+        }
+        if pools.len() >= KEPT_POOLS {
+            pools.retain(|_, pool| !pool.is_unused());
+        }
+        let pool = UpstreamPool::new(
+            UpstreamUrl {
+                database: key.database.clone(),
+                parameters: key.parameters.clone(),
+                ..url.clone()
+            },
+            self.options.pool_size,
+        );
+        pools.insert(key, pool.clone());
+        pool
     }
 
     /// Connects once to learn the upstream's parameters; an upstream that is down is only
@@ -179,6 +235,70 @@ impl Upstream {
             .cloned()
             .collect();
         *self.parameters.lock().unwrap_or_else(|p| p.into_inner()) = passed;
+    }
+
+    /// What a client whose start-up says `metadata` is told of its session, as PostgreSQL
+    /// would tell it: the upstream's parameters with the client's own in place, each as the
+    /// upstream takes it (`datestyle=german` is reported `German, DMY`). The client's
+    /// parameters are tried on a pooled connection, which then goes back with them set (so
+    /// its first statement needs no `SET`); `Err` is the upstream's refusal of one (an unknown
+    /// name, a bad value), which ends the client's start-up as PostgreSQL's would. While the
+    /// upstream is out of reach or every connection is lent, the values are reported as the
+    /// client gave them, and its first statement's connection is given them.
+    pub async fn session_parameters(
+        &self,
+        metadata: &HashMap<String, String>,
+    ) -> Result<Vec<(String, String)>, Frame> {
+        let wanted = client_parameters(metadata);
+        let mut reported = self.parameters();
+        let pool = self.pool_for(metadata);
+        let tried = if pool.has_room() {
+            match pool.checkout().await {
+                Ok(lent) => Some(lent),
+                // Refused (no such database, a parameter it does not take): the client's
+                // start-up is refused as PostgreSQL refuses it.
+                Err(Error {
+                    upstream: Some(fields),
+                    ..
+                }) => {
+                    return Err(Frame {
+                        tag: b'E',
+                        body: error_body(&fields),
+                    })
+                }
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        let Some(mut lent) = tried else {
+            for (name, value) in &mut reported {
+                if let Some((_, given)) = wanted.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))
+                {
+                    *value = given.clone();
+                }
+            }
+            return Ok(reported);
+        };
+        if reported.is_empty() {
+            self.note_parameters(&lent);
+            reported = self.parameters();
+        }
+        match lent.apply_session(&wanted).await {
+            Ok(None) => {
+                for (name, value) in &mut reported {
+                    if let Some((_, now)) = lent.parameters.iter().find(|(n, _)| n == name) {
+                        *value = now.clone();
+                    }
+                }
+                Ok(reported)
+            }
+            Ok(Some(refused)) => Err(refused),
+            Err(_) => {
+                lent.discard();
+                Ok(reported)
+            }
+        }
     }
 
     /// What clients are told at start-up (empty until the upstream was reached once).
@@ -577,9 +697,13 @@ pub struct Forwarder {
     status: u8,
     /// The last exchange's answer held an error.
     last_failed: bool,
-    /// The `SET`s the client's start-up asks of the upstream (its `options` that are not
-    /// sluice's; its application name in session pooling), sent on each connection it gets.
-    startup: Option<String>,
+    /// The pool of the client's database and start-up parameters ([`Upstream::pool_for`]),
+    /// found at its first forwarded statement.
+    pool: Option<UpstreamPool>,
+    /// The run-time parameters the client's session has ([`client_parameters`] of its
+    /// start-up, then as its own `SET`s change them): each connection it gets is given them
+    /// ([`UpstreamConnection::apply_session`]).
+    wanted: Option<Vec<(String, String)>>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -617,7 +741,8 @@ impl Forwarder {
             running: None,
             status: b'I',
             last_failed: false,
-            startup: None,
+            pool: None,
+            wanted: None,
         }
     }
 
@@ -844,6 +969,17 @@ impl Forwarder {
             Ok(frame) if matches!(frame.tag, b'A' | b'N' | b'S') => {
                 write_frame(socket, &frame).await?;
                 socket.get_mut().flush().await
+            }
+            // The upstream ended the session (`pg_terminate_backend`, a shutdown, an idle
+            // timeout): the client is told as PostgreSQL tells it, and its connection closes,
+            // as it would going direct.
+            Ok(frame) if frame.tag == b'E' && is_fatal(&frame) => {
+                if let Some(lent) = self.lent.take() {
+                    lent.discard();
+                }
+                write_frame(socket, &frame).await?;
+                socket.get_mut().flush().await?;
+                Err(session_ended())
             }
             other => {
                 tracing::info!(
@@ -1144,22 +1280,37 @@ impl Forwarder {
             }
         }
         if self.lent.is_none() {
-            match self.upstream.pool.checkout().await {
+            let pool = self
+                .pool
+                .get_or_insert_with(|| self.upstream.pool_for(socket.metadata()));
+            match pool.checkout().await {
                 Ok(mut lent) => {
                     if self.upstream.parameters().is_empty() {
                         self.upstream.note_parameters(&lent);
                     }
                     // What this client changes is followed from here (`mark`, `translate`).
                     lent.dirty = self.upstream.options.pool_mode == PoolMode::Session;
-                    let startup = self
-                        .startup
-                        .get_or_insert_with(|| {
-                            startup_sets(socket.metadata(), self.upstream.options.pool_mode)
-                        })
-                        .clone();
-                    self.lent = Some(lent);
-                    if !startup.is_empty() {
-                        self.quietly(socket, startup).await?;
+                    let wanted = self
+                        .wanted
+                        .get_or_insert_with(|| client_parameters(socket.metadata()));
+                    match lent.apply_session(wanted).await {
+                        Ok(None) => self.lent = Some(lent),
+                        // Checked at start-up, so only an upstream changed since refuses: the
+                        // client hears of it, its statement runs.
+                        Ok(Some(error)) => {
+                            let notice = Frame {
+                                tag: b'N',
+                                body: error.body,
+                            };
+                            write_frame(socket, &notice).await?;
+                            self.lent = Some(lent);
+                        }
+                        Err(e) => {
+                            lent.discard();
+                            self.end_running(Some(&e));
+                            write_raw(socket, &error_bytes(&e)).await?;
+                            return Ok(false);
+                        }
                     }
                 }
                 Err(e) => {
@@ -1379,8 +1530,28 @@ impl Forwarder {
                 }
                 b'S' => {
                     lent.dirty = true;
+                    if let Some(wanted) = self.wanted.as_mut() {
+                        follow_parameter(wanted, &frame);
+                    }
                     write_frame(socket, &frame).await?;
                     continue;
+                }
+                b'E' if is_fatal(&frame) => {
+                    // The upstream ends the session: so does the client's connection, after
+                    // PostgreSQL's message, as going direct.
+                    if let Some(running) = self.running.as_mut() {
+                        running.failed = true;
+                        if let Some(record) = running.record.as_mut() {
+                            record.failed_upstream(&sqlstate(&frame));
+                        }
+                    }
+                    self.end_running(None);
+                    if let Some(lent) = self.lent.take() {
+                        lent.discard();
+                    }
+                    write_frame(socket, &frame).await?;
+                    socket.get_mut().flush().await?;
+                    return Err(session_ended());
                 }
                 b'E' if head.answer == Answer::Quiet => {
                     // sluice's own SETs failed (the upstream is no PostgreSQL, a start-up
@@ -1630,37 +1801,108 @@ fn translate(
     }
 }
 
-/// What a client's start-up asks of the upstream, as one `SELECT set_config(…)`: the `options` settings that are
-/// not sluice's, and in session pooling its `application_name` (in transaction pooling that
-/// would make every connection need a reset; the upstream sees sluice's name instead).
-fn startup_sets(metadata: &HashMap<String, String>, pool_mode: PoolMode) -> String {
-    let quote = |v: &str| format!("'{}'", v.replace('\'', "''"));
-    let mut sets: Vec<String> = metadata
-        .get("options")
-        .map(|o| crate::session::startup_settings(o))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(name, _)| !crate::session::KNOWN_SETTINGS.contains(&name.as_str()))
+/// Start-up keys that are not run-time parameters: the login, the protocol's own, and
+/// `options` (read apart: its `-c` settings are parameters too).
+const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
+
+/// The run-time parameters a client's start-up asks of its session, as PostgreSQL would set
+/// them: every start-up key that is not the login's (`TimeZone`, `DateStyle`, `search_path`,
+/// `extra_float_digits`, `application_name`, `client_encoding`, …) and every `-c` of its
+/// `options`, less sluice's own settings; sorted by name, so that clients asking the same
+/// have equal lists and a pooled connection lent from one to the other needs no `SET`.
+pub fn client_parameters(metadata: &HashMap<String, String>) -> Vec<(String, String)> {
+    let ours = |name: &str| {
+        crate::session::KNOWN_SETTINGS
+            .iter()
+            .any(|k| k.eq_ignore_ascii_case(name))
+    };
+    let mut wanted: Vec<(String, String)> = metadata
+        .iter()
+        .filter(|(name, _)| !NOT_PARAMETERS.contains(&name.as_str()) && !name.starts_with("_pq_."))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .chain(
+            metadata
+                .get("options")
+                .map(|o| crate::session::startup_settings(o))
+                .unwrap_or_default(),
+        )
+        .filter(|(name, _)| !ours(name))
         .filter(|(name, _)| {
-            name.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
         })
-        .map(|(name, value)| format!("set_config({}, {}, false)", quote(&name), quote(&value)))
         .collect();
-    if pool_mode == PoolMode::Session {
-        if let Some(name) = metadata.get("application_name").filter(|n| !n.is_empty()) {
-            sets.push(format!(
-                "set_config('application_name', {}, false)",
-                quote(name)
-            ));
+    // A name given twice (a key and a `-c`) counts once, the `-c` last as PostgreSQL applies it.
+    wanted.reverse();
+    let mut seen = std::collections::HashSet::new();
+    wanted.retain(|(name, _)| seen.insert(name.to_ascii_lowercase()));
+    wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
+    wanted
+}
+
+/// The reported parameters (those PostgreSQL announces with ParameterStatus) a client may
+/// set, followed from the ParameterStatus messages its statements cause so that its `SET`
+/// outlives the connection it ran on (transaction pooling lends each transaction another).
+const FOLLOWED_PARAMETERS: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+    "default_transaction_read_only",
+    "search_path",
+];
+
+/// `wanted` with a ParameterStatus's new value in it, if the parameter is one a client sets.
+fn follow_parameter(wanted: &mut Vec<(String, String)>, frame: &Frame) {
+    let Some((name, value)) = parameter_status(frame) else {
+        return;
+    };
+    if !FOLLOWED_PARAMETERS
+        .iter()
+        .any(|p| p.eq_ignore_ascii_case(&name))
+    {
+        return;
+    }
+    match wanted
+        .iter_mut()
+        .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+    {
+        Some(slot) => slot.1 = value,
+        None => {
+            wanted.push((name, value));
+            wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
         }
     }
-    // set_config takes the value as `-c name=value` gives it (a list stays a list).
-    if sets.is_empty() {
-        String::new()
-    } else {
-        format!("SELECT {}", sets.join(", "))
-    }
+}
+
+/// A ParameterStatus's name and value.
+fn parameter_status(frame: &Frame) -> Option<(String, String)> {
+    let name = cstring_at(&frame.body, 0)?;
+    let value = cstring_at(&frame.body, name.end + 1)?;
+    Some((
+        utf8(&frame.body[name])?.to_string(),
+        String::from_utf8_lossy(&frame.body[value]).into_owned(),
+    ))
+}
+
+/// An upstream ErrorResponse as the FATAL it is for a client's start-up (PostgreSQL refuses a
+/// start-up parameter it cannot set with FATAL and closes).
+pub fn fatal_from(frame: &Frame) -> PgWireError {
+    let fields = frame
+        .fields()
+        .into_iter()
+        .map(|(code, value)| match code {
+            b'S' | b'V' => (code, "FATAL".to_string()),
+            _ => (code, value),
+        })
+        .collect();
+    PgWireError::UserError(Box::new(ErrorInfo::from(
+        pgwire::messages::response::ErrorResponse::new(fields),
+    )))
 }
 
 /// The `SET`s that carry a statement's grant to the upstream: its CPU threads as parallel
@@ -1687,6 +1929,36 @@ fn upstream_settings(admitted: &Admitted) -> String {
 
 const RESET_WORKERS: &str = "RESET max_parallel_workers_per_gather";
 const RESET_MEMORY: &str = "RESET work_mem";
+
+/// An ErrorResponse's body from its fields.
+fn error_body(fields: &[(u8, String)]) -> bytes::Bytes {
+    let mut body = Vec::new();
+    for (code, value) in fields {
+        body.push(*code);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    body.into()
+}
+
+/// Whether an ErrorResponse is FATAL (or PANIC): the upstream closes the session after it.
+fn is_fatal(frame: &Frame) -> bool {
+    frame
+        .fields()
+        .into_iter()
+        .find(|(k, _)| *k == b'V')
+        .or_else(|| frame.fields().into_iter().find(|(k, _)| *k == b'S'))
+        .is_some_and(|(_, severity)| severity == "FATAL" || severity == "PANIC")
+}
+
+/// How a client's connection ends when the upstream ended its session.
+fn session_ended() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the upstream ended the session",
+    )
+}
 
 /// An ErrorResponse's SQLSTATE.
 fn sqlstate(frame: &Frame) -> String {

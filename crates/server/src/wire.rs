@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use futures::StreamExt;
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
 use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
@@ -225,21 +224,85 @@ where
         if let Some(incoming) = buffered_incoming(socket, raw) {
             return Some(incoming);
         }
-        // More bytes: read into the socket's own buffer, taken and put back within one poll
-        // (so that dropping this future loses nothing).
-        let read = std::future::poll_fn(|cx| {
-            let mut bytes = std::mem::take(socket.read_buffer_mut());
-            if bytes.capacity() - bytes.len() < 1024 {
-                bytes.reserve(READ_CHUNK);
+        if !read_more(socket).await {
+            return None;
+        }
+    }
+}
+
+/// More bytes into the socket's own read buffer, taken and put back within one poll (so that
+/// dropping this future loses nothing). `false` at the end of the stream or on an error.
+async fn read_more<S, T>(socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let read = std::future::poll_fn(|cx| {
+        let mut bytes = std::mem::take(socket.read_buffer_mut());
+        if bytes.capacity() - bytes.len() < 1024 {
+            bytes.reserve(READ_CHUNK);
+        }
+        let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
+        *socket.read_buffer_mut() = bytes;
+        polled
+    })
+    .await;
+    matches!(read, Ok(n) if n > 0)
+}
+
+/// PostgreSQL's bound on a start-up packet (`MAX_STARTUP_PACKET_LENGTH`).
+const MAX_STARTUP_PACKET: u32 = 10_000;
+
+/// Whether the first four bytes a client sends could be a start-up packet's length (or an
+/// SSL request's, or a TLS record's): a Terminate or garbage is not, and the connection is
+/// closed without a word, as PostgreSQL closes it (pgwire would wait for eight bytes that may
+/// never come, then answer with an error the client never asked to read). Read by peeking:
+/// the bytes stay for the TLS negotiation.
+async fn first_length_is_a_packets(tcp: &TcpStream) -> bool {
+    let mut head = [0u8; 4];
+    loop {
+        match tcp.peek(&mut head).await {
+            Ok(0) | Err(_) => return false,
+            Ok(4) => break,
+            // A few bytes so far: wait for the rest (within the start-up deadline).
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+        }
+    }
+    // A TLS ClientHello (direct TLS) begins with a record header, not a length.
+    if head[0] == 0x16 || (8..=MAX_STARTUP_PACKET).contains(&u32::from_be_bytes(head)) {
+        return true;
+    }
+    // What has arrived is taken, as PostgreSQL's buffered read takes it: a close with bytes
+    // unread would be a reset.
+    let mut arrived = [0u8; 8192];
+    let _ = tcp.try_read(&mut arrived);
+    tracing::debug!("connection closed before its start-up: a length of {head:?}");
+    false
+}
+
+/// A start-up message (or, during authentication, a password message). Before the start-up
+/// packet, its length is judged as soon as its four bytes are in, as PostgreSQL judges it:
+/// out of bounds (a Terminate, garbage) is an error at once, not a wait for bytes that will
+/// never come.
+async fn next_startup<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    loop {
+        if matches!(socket.state(), PgWireConnectionState::AwaitingStartup) {
+            if let Some(&[a, b, c, d]) = socket.read_buffer().get(..4) {
+                let len = u32::from_be_bytes([a, b, c, d]);
+                if !(8..=MAX_STARTUP_PACKET).contains(&len) {
+                    return Some(Err(PgWireError::InvalidStartupMessage));
+                }
             }
-            let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
-            *socket.read_buffer_mut() = bytes;
-            polled
-        })
-        .await;
-        match read {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {}
+        }
+        if let Some(incoming) = buffered_incoming(socket, |_| false) {
+            return Some(incoming);
+        }
+        if !read_more(socket).await {
+            return None;
         }
     }
 }
@@ -318,7 +381,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     tokio::pin!(startup_deadline);
     let negotiated = tokio::select! {
         _ = &mut startup_deadline => return Ok(()),
-        socket = negotiate_tls(tcp, tls) => socket?,
+        socket = async {
+            if !first_length_is_a_packets(&tcp).await {
+                return Ok(None);
+            }
+            negotiate_tls(tcp, tls).await
+        } => socket?,
     };
     // A client that asked for direct TLS where none is configured: nothing to serve.
     let Some(socket) = negotiated else {
@@ -351,7 +419,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         let incoming = if starting {
             tokio::select! {
                 _ = &mut startup_deadline => None,
-                m = socket.next() => m.map(|m| m.map(Incoming::Message)),
+                m = next_startup(&mut socket) => m,
             }
         } else if let Some(incoming) = (!terminate.is_raised())
             .then(|| buffered_incoming(&mut socket, raw_reads))
@@ -395,6 +463,14 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         };
         let incoming = match incoming {
             Some(Ok(incoming)) => incoming,
+            // Bytes that are no start-up packet (a Terminate, garbage, a length out of
+            // bounds) as the first thing said: PostgreSQL only logs "invalid length of
+            // startup packet" and closes, telling the client nothing (an error message
+            // there is one the client never asked to read).
+            Some(Err(e)) if matches!(socket.state(), PgWireConnectionState::AwaitingStartup) => {
+                tracing::debug!("connection closed before its start-up: {e}");
+                break;
+            }
             Some(Err(e)) => {
                 fatal_protocol_violation(&mut socket, format!("invalid message: {e}")).await;
                 break;

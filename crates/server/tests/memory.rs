@@ -135,11 +135,19 @@ async fn growth_past_the_limit_evicts_lower_precedence_never_higher() {
     .await;
     until(&admin, ALLOCATED, &(50u64 << 20).to_string()).await;
     let dev = server.client().await;
-    let _ = dev
+    let e = dev
         .simple_query(&format!(
             "{grows} SETTINGS workload = 'dev', max_threads = 1"
         ))
-        .await;
+        .await
+        .expect_err("dev's aggregate cannot grow past the limit while prod holds its 50 Mi");
+    assert_eq!(sqlstate(&e), "53200", "{}", message(&e));
+    assert!(
+        message(&e).contains("(MEMORY_LIMIT_EXCEEDED)")
+            || message(&e).contains("(RESOURCE_LIMIT_EXCEEDED)"),
+        "{}",
+        message(&e)
+    );
     until_running(&admin, 1).await;
     server.barriers.open("prod");
     holder.await.expect("task").expect("prod was not evicted");

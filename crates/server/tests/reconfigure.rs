@@ -17,7 +17,8 @@ async fn reshaping_the_tree_under_load_loses_nothing_and_crashes_nothing() {
          CREATE RESOURCE mem (MEMORY RESERVATION);
          CREATE WORKLOAD all SETTINGS max_concurrent_queries = 4, max_concurrent_threads = 4, max_memory = '256Mi';
          CREATE WORKLOAD busy IN all;
-         CREATE WORKLOAD spare IN all",
+         CREATE WORKLOAD spare IN all;
+         CREATE WORKLOAD queued IN all SETTINGS max_concurrent_queries = 1",
         false,
     )
     .await;
@@ -69,22 +70,54 @@ async fn reshaping_the_tree_under_load_loses_nothing_and_crashes_nothing() {
             .expect("replaced under load");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // …then cancel a waiting statement while the trees change under it.
+    // …then cancel a waiting statement while the trees change under it: one that certainly
+    // waits (its workload's one slot is held at a barrier), seen waiting before the change.
+    let holder = spawn_query(
+        &server,
+        "SELECT sluice_barrier('queued') SETTINGS workload = 'queued'",
+    )
+    .await;
+    until(
+        &admin,
+        "SELECT count(*) FROM system.processes WHERE workload = 'queued' AND state = 'running'",
+        "1",
+    )
+    .await;
     let cancelled = server.client().await;
     let token = cancelled.cancel_token();
     let waits = tokio::spawn(async move {
         cancelled
-            .simple_query("SELECT 1 SETTINGS workload = 'busy', reserve_memory = '8Mi'")
+            .simple_query("SELECT 'cancel me' SETTINGS workload = 'queued', reserve_memory = '8Mi'")
             .await
     });
+    until(
+        &admin,
+        "SELECT count(*) FROM system.processes WHERE query LIKE '%cancel me%' AND state = 'waiting'",
+        "1",
+    )
+    .await;
     admin
-        .batch_execute("CREATE OR REPLACE WORKLOAD busy IN all SETTINGS weight = 2")
+        .batch_execute(
+            "CREATE OR REPLACE WORKLOAD busy IN all SETTINGS weight = 2;
+             CREATE OR REPLACE WORKLOAD queued IN all SETTINGS max_concurrent_queries = 1, weight = 3",
+        )
         .await
         .expect("replaced");
-    let _ = token.cancel_query(tokio_postgres::NoTls).await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), waits)
+    token
+        .cancel_query(tokio_postgres::NoTls)
         .await
-        .expect("a cancelled statement ends");
+        .expect("the cancel request is delivered");
+    let e = tokio::time::timeout(Duration::from_secs(10), waits)
+        .await
+        .expect("a cancelled statement ends")
+        .expect("task")
+        .expect_err("cancelled while it waited");
+    assert_eq!(sqlstate(&e), "57014", "{}", message(&e));
+    server.barriers.open("queued");
+    holder
+        .await
+        .expect("task")
+        .expect("the holder ran through the change");
 
     // #92207: a child for the in-use leaf `spare` (nothing waits there) and one for `busy`:
     // busy's waiters fail with INVALID_SCHEDULER_NODE (as ClickHouse purges the queue), its

@@ -74,6 +74,13 @@ async fn classifiers_place_statements_by_who_sends_them_and_what_they_say() {
         .await
         .expect("set");
     column(&loader, "SELECT 7 AS session_set").await;
+    // Issue 36, defect 2: a tag in a comment before the statement, as ORMs that prepend write
+    // it, in both protocols; the text shown keeps the comment, as sent.
+    column(&admin, "/* team='billing' */ SELECT 8 AS leading_tag").await;
+    admin
+        .query("/*team='billing'*/\n  SELECT 9 AS leading_extended", &[])
+        .await
+        .expect("extended");
 
     let placed = column(
         &admin,
@@ -93,6 +100,8 @@ async fn classifiers_place_statements_by_who_sends_them_and_what_they_say() {
             "billing SELECT 5 AS try_me /* team='billing' */ -- try me",
             "trial SELECT 6 AS explicit",
             "trial SELECT 7 AS session_set",
+            "billing /* team='billing' */ SELECT 8 AS leading_tag",
+            "billing /*team='billing'*/\n  SELECT 9 AS leading_extended",
         ]
     );
     assert_eq!(
@@ -101,7 +110,10 @@ async fn classifiers_place_statements_by_who_sends_them_and_what_they_say() {
             "SELECT coalesce(classifier, '-') FROM system.query_log WHERE query NOT LIKE '%system.%' ORDER BY query_id",
         )
         .await,
-        ["by_user", "by_app", "by_tag", "-", "-", "by_kind", "by_addr", "by_tag", "-", "-"],
+        [
+            "by_user", "by_app", "by_tag", "-", "-", "by_kind", "by_addr", "by_tag", "-", "-", "by_tag",
+            "by_tag"
+        ],
         "the query log names the rule that placed each"
     );
     assert_eq!(
@@ -114,7 +126,7 @@ async fn classifiers_place_statements_by_who_sends_them_and_what_they_say() {
             "trying trial 100 true 1 true",
             "by_user etl 30 false 1 true",
             "by_app dashboards 20 false 1 true",
-            "by_tag billing 10 false 2 true",
+            "by_tag billing 10 false 4 true",
             "by_kind writes 5 false 1 true",
             "by_addr local 1 false 1 true",
         ]

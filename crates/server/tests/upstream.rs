@@ -12,7 +12,7 @@ use sluice_sched::Machine;
 use sluice_server::forward::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
 use sluice_server::ServerOptions;
 use sluice_testpg::{Auth, Postgres};
-use support::{column, connect, until_waiting, TestServer};
+use support::{column, connect, until, until_waiting, TestServer};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 struct Setup {
@@ -71,8 +71,15 @@ impl Setup {
         .expect("direct")
     }
 
+    /// A client of sluice on the upstream's database (a client's database name selects the
+    /// upstream's).
     async fn through(&self) -> Client {
-        self.server.client().await
+        self.server
+            .client_with(&format!(
+                "host=127.0.0.1 port={} user=tester dbname=shop",
+                self.server.port
+            ))
+            .await
     }
 }
 
@@ -275,7 +282,7 @@ async fn clients_get_what_they_get_going_direct() {
     let (notices_tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
     let (client, mut connection) = tokio_postgres::connect(
         &format!(
-            "host=127.0.0.1 port={} user=tester dbname=whatever",
+            "host=127.0.0.1 port={} user=tester dbname=shop",
             s.server.port
         ),
         tokio_postgres::NoTls,
@@ -375,7 +382,7 @@ async fn clients_get_what_they_get_going_direct() {
     // A start-up's options that are not sluice's reach the upstream, its workload stays
     // sluice's; in session pooling the upstream sees the client's application name.
     let configured = connect(&format!(
-        "host=127.0.0.1 port={} user=tester dbname=x application_name=stocktake options='-c search_path=archive,public -c workload=reports'",
+        "host=127.0.0.1 port={} user=tester dbname=shop application_name=stocktake options='-c search_path=archive,public -c workload=reports'",
         s.server.port
     ))
     .await
@@ -491,9 +498,16 @@ async fn transaction_pooling_shares_connections_and_leaks_nothing() {
         .expect("begin");
     let waiting = {
         let b = s.through().await;
-        tokio::spawn(async move { column(&b, "SELECT count(*) FROM t").await })
+        tokio::spawn(async move { column(&b, "SELECT count(*) FROM t /* b waits */").await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // b's statement is admitted (listed) and so at the pool, where it must wait.
+    let watcher = s.through().await;
+    until(
+        &watcher,
+        "SELECT count(*) FROM system.processes WHERE query LIKE '%b waits%' AND query NOT LIKE '%system.%'",
+        "1",
+    )
+    .await;
     assert!(
         !waiting.is_finished(),
         "the only connection is a's until its transaction ends"
@@ -519,7 +533,7 @@ async fn transaction_pooling_shares_connections_and_leaks_nothing() {
 #[tokio::test]
 async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
     let s = setup(PoolMode::Session, 4).await;
-    let admin = s.server.client().await;
+    let admin = s.through().await;
     admin
         .batch_execute(
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
@@ -607,7 +621,7 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
     let mut leaver = std::process::Command::new("psql")
         .args(["-X", "-h", "127.0.0.1", "-p"])
         .arg(s.server.port.to_string())
-        .args(["-U", "leaver", "-d", "x", "-c"])
+        .args(["-U", "leaver", "-d", "shop", "-c"])
         .arg("SELECT pg_sleep(62) SETTINGS workload = 'all'")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -638,7 +652,7 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
 #[tokio::test]
 async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
     let s = setup(PoolMode::Transaction, 4).await;
-    let admin = s.server.client().await;
+    let admin = s.through().await;
     admin
         .batch_execute(
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8",
@@ -718,7 +732,7 @@ async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
 async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
     for admission in [AdmissionMode::Transaction, AdmissionMode::Statement] {
         let s = setup_with(PoolMode::Transaction, 4, admission).await;
-        let admin = s.server.client().await;
+        let admin = s.through().await;
         admin
             .batch_execute(
                 "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
@@ -755,7 +769,7 @@ async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
 #[tokio::test]
 async fn a_grant_reaches_the_upstream_as_its_settings() {
     let s = setup(PoolMode::Session, 2).await;
-    let admin = s.server.client().await;
+    let admin = s.through().await;
     admin
         .batch_execute(
             "CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
@@ -819,7 +833,7 @@ async fn raw_client(port: u16) -> tokio::net::TcpStream {
         .expect("connects");
     let mut startup = Vec::new();
     startup.extend_from_slice(&196608u32.to_be_bytes());
-    startup.extend_from_slice(b"user\0raw\0database\0x\0\0");
+    startup.extend_from_slice(b"user\0raw\0database\0shop\0\0");
     let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&startup);
     socket.write_all(&packet).await.expect("startup");
@@ -1013,4 +1027,277 @@ async fn malformed_messages_read_whole_end_only_their_connection() {
     }
     let c = s.through().await;
     assert_eq!(column(&c, "SELECT 41 + 1").await, ["42"]);
+}
+
+/// `psql -X -A -t` at `port` as the shop's owner with `env` (PGTZ, PGDATESTYLE, …): what it
+/// printed on stdout, or its error from `FATAL:` on (the part that is the server's).
+async fn psql_at(port: u16, env: &[(&str, &str)], sql: &str) -> String {
+    let mut command = std::process::Command::new("psql");
+    command
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .arg(format!(
+            "host=127.0.0.1 port={port} user=owner password=owner-pw dbname=shop"
+        ))
+        .env_remove("PGOPTIONS")
+        .env_remove("PGTZ")
+        .env_remove("PGDATESTYLE");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    // Off the test's runtime: the server under test answers on it.
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("psql's thread")
+        .expect("psql runs (the machine's PostgreSQL client)");
+    if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        stderr[stderr.find("FATAL").unwrap_or(0)..]
+            .trim()
+            .to_string()
+    }
+}
+
+/// A bare start-up with `parameters` (trust): the messages up to ReadyForQuery or an error.
+async fn raw_startup(port: u16, parameters: &[(&str, &str)]) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&196608u32.to_be_bytes());
+    for (name, value) in parameters {
+        startup.extend_from_slice(format!("{name}\0{value}\0").as_bytes());
+    }
+    startup.push(0);
+    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&startup);
+    socket.write_all(&packet).await.expect("startup");
+    let mut messages = Vec::new();
+    loop {
+        let message = read_message(&mut socket).await;
+        let last = matches!(message.0, b'Z' | b'E');
+        messages.push(message);
+        if last {
+            return messages;
+        }
+    }
+}
+
+/// The last value a start-up's ParameterStatus messages gave `name` (as libpq keeps it).
+fn reported(messages: &[(u8, Vec<u8>)], name: &str) -> Option<String> {
+    messages
+        .iter()
+        .rev()
+        .filter(|(tag, _)| *tag == b'S')
+        .filter_map(|(_, body)| {
+            let mut parts = body.split(|&b| b == 0);
+            let key = String::from_utf8_lossy(parts.next()?).into_owned();
+            let value = String::from_utf8_lossy(parts.next()?).into_owned();
+            (key == name).then_some(value)
+        })
+        .next()
+}
+
+/// Issue 36, defect 1: the parameters a client's start-up sets (psql's PGTZ and PGDATESTYLE,
+/// `-c` options) reach the session its statements run in, in both pooling modes, and the
+/// ParameterStatus values it is told are PostgreSQL's own for them; a value PostgreSQL
+/// refuses ends the start-up with PostgreSQL's FATAL.
+#[tokio::test]
+async fn start_up_parameters_reach_the_upstream_as_going_direct() {
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let s = setup(mode, 2).await;
+        let sql = "SELECT current_setting('TimeZone'), current_setting('DateStyle'), \
+                   current_setting('extra_float_digits'), current_setting('search_path'), \
+                   '2026-01-02 03:04:05+00'::timestamptz, '2026-07-08'::date";
+        for env in [
+            vec![("PGTZ", "PST8PDT"), ("PGDATESTYLE", "Postgres, MDY")],
+            vec![("PGTZ", "Asia/Tokyo"), ("PGDATESTYLE", "german")],
+            vec![(
+                "PGOPTIONS",
+                "-c extra_float_digits=1 -c search_path=pg_catalog,public",
+            )],
+            vec![],
+        ] {
+            let direct = psql_at(s.pg.port, &env, sql).await;
+            let through = psql_at(s.server.port, &env, sql).await;
+            assert_eq!(through, direct, "{mode:?} {env:?}");
+        }
+        // The comparison compares zones and styles that are set (not two defaults).
+        let pst = [("PGTZ", "PST8PDT"), ("PGDATESTYLE", "Postgres, MDY")];
+        assert!(
+            psql_at(s.pg.port, &pst, sql)
+                .await
+                .starts_with("PST8PDT|Postgres, MDY|"),
+            "{}",
+            psql_at(s.pg.port, &pst, sql).await
+        );
+        // A value PostgreSQL refuses: its FATAL, word for word.
+        let bad = [("PGTZ", "Nowhere/Bogus")];
+        let refused = psql_at(s.server.port, &bad, "SELECT 1").await;
+        assert_eq!(
+            refused,
+            psql_at(s.pg.port, &bad, "SELECT 1").await,
+            "{mode:?}"
+        );
+        assert!(refused.contains("invalid value for parameter"), "{refused}");
+
+        // What the client is told at start-up: PostgreSQL's spelling of what it asked for.
+        let told = raw_startup(
+            s.server.port,
+            &[
+                ("user", "raw"),
+                ("database", "shop"),
+                ("TimeZone", "Asia/Tokyo"),
+                ("datestyle", "german"),
+            ],
+        )
+        .await;
+        assert_eq!(reported(&told, "TimeZone").as_deref(), Some("Asia/Tokyo"));
+        let german = psql_at(s.pg.port, &[("PGDATESTYLE", "german")], "SHOW DateStyle").await;
+        assert_eq!(
+            reported(&told, "DateStyle"),
+            Some(german.trim().to_string())
+        );
+        assert_eq!(german.trim(), "German, DMY");
+        let refused = raw_startup(
+            s.server.port,
+            &[
+                ("user", "raw"),
+                ("database", "shop"),
+                ("TimeZone", "Nowhere/Bogus"),
+            ],
+        )
+        .await;
+        let (tag, body) = refused.last().expect("an answer");
+        assert_eq!(*tag, b'E');
+        let text = String::from_utf8_lossy(body);
+        assert!(text.contains("FATAL") && text.contains("22023"), "{text}");
+    }
+}
+
+/// Issue 36, defect 1 in transaction pooling: clients that differ in their names share one
+/// upstream connection and each sees its own name on every transaction; clients with other
+/// start-up parameters are served by connections opened with them (a `RESET` returns to the
+/// client's start-up value, as going direct); a client's `SET` of a reported parameter holds
+/// for its later transactions; nothing reaches a client that set nothing. And a database that
+/// does not exist is refused as PostgreSQL refuses it (issue 36, defect 4).
+#[tokio::test]
+async fn clients_sharing_a_pooled_connection_keep_their_own_parameters() {
+    let s = setup(PoolMode::Transaction, 1).await;
+    let port = s.server.port;
+    let named = |name: &str| {
+        format!("host=127.0.0.1 port={port} user=tester dbname=shop application_name={name}")
+    };
+    let zoned = |zone: &str| {
+        format!("host=127.0.0.1 port={port} user=tester dbname=shop options='-c TimeZone={zone}'")
+    };
+    let alpha = s.server.client_with(&named("alpha")).await;
+    let beta = s.server.client_with(&named("beta")).await;
+    let plain = s.through().await;
+    let pst = s.server.client_with(&zoned("PST8PDT")).await;
+    let tokyo = s.server.client_with(&zoned("Asia/Tokyo")).await;
+    let direct = s.direct().await;
+    let default_zone = column(&direct, "SHOW TimeZone").await;
+    let name = "SELECT current_setting('application_name')";
+    let pid = column(&alpha, "SELECT pg_backend_pid()").await;
+    for _ in 0..3 {
+        assert_eq!(column(&alpha, name).await, ["alpha"]);
+        assert_eq!(column(&beta, name).await, ["beta"]);
+        assert_eq!(column(&plain, "SHOW TimeZone").await, default_zone);
+        assert_eq!(column(&pst, "SHOW TimeZone").await, ["PST8PDT"]);
+        assert_eq!(column(&tokyo, "SHOW TimeZone").await, ["Asia/Tokyo"]);
+    }
+    assert_eq!(
+        column(&beta, "SELECT pg_backend_pid()").await,
+        pid,
+        "one connection"
+    );
+    // The start-up value is the session's own: RESET returns to it, as going direct.
+    simple(&pst, "SET TimeZone = 'UTC'").await;
+    assert_eq!(column(&pst, "SHOW TimeZone").await, ["UTC"]);
+    simple(&pst, "RESET TimeZone").await;
+    assert_eq!(column(&pst, "SHOW TimeZone").await, ["PST8PDT"]);
+    // A client's own SET of a reported parameter outlives its transaction.
+    simple(&plain, "SET DateStyle = 'SQL, DMY'").await;
+    assert_eq!(column(&alpha, "SHOW DateStyle").await, ["ISO, MDY"]);
+    assert_eq!(column(&plain, "SHOW DateStyle").await, ["SQL, DMY"]);
+    assert_eq!(column(&beta, "SHOW DateStyle").await, ["ISO, MDY"]);
+    assert_eq!(column(&plain, "SHOW DateStyle").await, ["SQL, DMY"]);
+
+    // No such database: PostgreSQL's refusal, word for word.
+    let refused = |e: tokio_postgres::Error| {
+        let db = e.as_db_error().expect("a database error").clone();
+        (db.code().code().to_string(), db.message().to_string())
+    };
+    let direct_refusal = connect(&format!(
+        "host=127.0.0.1 port={} user=owner password=owner-pw dbname=nosuchdb",
+        s.pg.port
+    ))
+    .await
+    .map(|_| ())
+    .expect_err("no such database going direct");
+    let through_refusal = connect(&format!(
+        "host=127.0.0.1 port={port} user=tester dbname=nosuchdb"
+    ))
+    .await
+    .map(|_| ())
+    .expect_err("no such database through sluice");
+    assert_eq!(refused(through_refusal), refused(direct_refusal));
+    // Another database of the upstream's is the client's to choose.
+    s.pg.psql("CREATE DATABASE other OWNER owner");
+    let other = s
+        .server
+        .client_with(&format!(
+            "host=127.0.0.1 port={port} user=tester dbname=other"
+        ))
+        .await;
+    assert_eq!(column(&other, "SELECT current_database()").await, ["other"]);
+    assert_eq!(column(&plain, "SELECT current_database()").await, ["shop"]);
+}
+
+/// Issue 36, defect 6: a connection whose first bytes are no start-up packet (a Terminate)
+/// is closed without a word, as PostgreSQL closes it; an upstream session that PostgreSQL
+/// terminates while its client sits idle ends the client's connection at once, after
+/// PostgreSQL's FATAL.
+#[tokio::test]
+async fn sessions_end_as_postgres_ends_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup(PoolMode::Session, 2).await;
+    for port in [s.pg.port, s.server.port] {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connects");
+        socket.write_all(&message(b'X', b"")).await.expect("writes");
+        let mut said = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut said))
+            .await
+            .expect("closed");
+        assert!(
+            read.is_ok() && said.is_empty(),
+            "port {port} said {said:?}: {read:?}"
+        );
+    }
+
+    let client = s.through().await;
+    let pid = column(&client, "SELECT pg_backend_pid()").await;
+    let direct = s.direct().await;
+    direct
+        .query(
+            "SELECT pg_terminate_backend($1::int)",
+            &[&pid[0].parse::<i32>().expect("a pid")],
+        )
+        .await
+        .expect("terminates");
+    let closed = async {
+        while !client.is_closed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), closed)
+        .await
+        .expect("the client's connection closes when its backend is terminated");
+    // Others are served on.
+    assert_eq!(column(&s.through().await, "SELECT 1").await, ["1"]);
 }

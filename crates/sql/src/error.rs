@@ -10,6 +10,8 @@ pub enum ErrorCode {
     BadGet,
     CannotParseNumber,
     CannotParseInputAssertionFailed,
+    /// A string that is no boolean, for a boolean setting.
+    CannotParseBool,
     AttemptToReadAfterEof,
     IncorrectQuery,
     SyntaxError,
@@ -57,6 +59,7 @@ impl ErrorCode {
             ErrorCode::BadGet => "BAD_GET",
             ErrorCode::CannotParseNumber => "CANNOT_PARSE_NUMBER",
             ErrorCode::CannotParseInputAssertionFailed => "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+            ErrorCode::CannotParseBool => "CANNOT_PARSE_BOOL",
             ErrorCode::AttemptToReadAfterEof => "ATTEMPT_TO_READ_AFTER_EOF",
             ErrorCode::IncorrectQuery => "INCORRECT_QUERY",
             ErrorCode::SyntaxError => "SYNTAX_ERROR",
@@ -96,6 +99,7 @@ impl ErrorCode {
             ErrorCode::BadGet => 170,
             ErrorCode::CannotParseNumber => 72,
             ErrorCode::CannotParseInputAssertionFailed => 27,
+            ErrorCode::CannotParseBool => 467,
             ErrorCode::AttemptToReadAfterEof => 32,
             ErrorCode::IncorrectQuery => 80,
             ErrorCode::SyntaxError => 62,
@@ -142,6 +146,7 @@ impl ErrorCode {
             | ErrorCode::BadGet
             | ErrorCode::CannotParseNumber
             | ErrorCode::CannotParseInputAssertionFailed
+            | ErrorCode::CannotParseBool
             | ErrorCode::AttemptToReadAfterEof
             | ErrorCode::IncorrectQuery
             | ErrorCode::InvalidSchedulerNode
@@ -189,6 +194,10 @@ pub struct Error {
     /// A SQLSTATE more precise than the code's own: ClickHouse says BAD_ARGUMENTS for a
     /// duplicate entity, where a Postgres client expects 42710.
     pub sqlstate: Option<&'static str>,
+    /// When the error is the upstream database's own answer (upstream mode: a start-up it
+    /// refused), its ErrorResponse fields as they came (code byte, text): a client is shown
+    /// PostgreSQL's words and SQLSTATE, not sluice's.
+    pub upstream: Option<std::sync::Arc<Vec<(u8, String)>>>,
 }
 
 impl Error {
@@ -202,6 +211,7 @@ impl Error {
             message,
             position: None,
             sqlstate: None,
+            upstream: None,
         }
     }
 

@@ -211,8 +211,8 @@ pub fn statements(text: &str) -> Vec<Result<Statement>> {
         .collect()
 }
 
-/// [`statements`], each beside its own text: from its first word to its end before `;` (the
-/// comments before it left out), as [`statement`] would read it alone. A script is lexed once.
+/// [`statements`], each beside its own text: from its first word (or the comment before it)
+/// to its end before `;`, as [`statement`] would read it alone. A script is lexed once.
 pub fn statements_with_text(text: &str) -> Vec<(&str, Result<Statement>)> {
     split(text)
         .into_iter()
@@ -236,7 +236,9 @@ pub fn statement(text: &str) -> Result<Option<Statement>> {
 /// A statement's place in the text and what one pass over it found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lexed {
-    /// From the first character that is not whitespace or comment, to the end before `;`.
+    /// From the first character that is not whitespace (a comment before the first word is
+    /// the statement's: its tags are read from it), to the end before `;`. A piece with only
+    /// comments is no statement.
     pub span: Range<usize>,
     /// The first few words and symbols outside comments, for routing: their spans in the text.
     pub head: Vec<Range<usize>>,
@@ -300,6 +302,7 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
                 i += 1;
             }
             b'-' if next == Some(b'-') => {
+                current.comment(i);
                 i = memchr(bytes, i, b'\n').map_or(bytes.len(), |n| n + 1);
             }
             b'/' if next == Some(b'*') => {
@@ -319,6 +322,7 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
                         i += 1;
                     }
                 }
+                current.comment(start);
                 tokens.comment(start..i);
             }
             c if c.is_ascii_whitespace() => i += 1,
@@ -521,6 +525,10 @@ fn word_role(word: &[u8]) -> Option<WordRole> {
 
 #[derive(Default)]
 struct Builder {
+    /// Where the first comment before the statement's first token starts: the statement's
+    /// text begins there (ORMs prepend their SQLCommenter tags, and the text shown is the
+    /// statement as sent).
+    lead: Option<usize>,
     start: Option<usize>,
     head: Vec<Range<usize>>,
     literals: Vec<Range<usize>>,
@@ -532,6 +540,12 @@ struct Builder {
 }
 
 impl Builder {
+    fn comment(&mut self, at: usize) {
+        if self.start.is_none() && self.lead.is_none() {
+            self.lead = Some(at);
+        }
+    }
+
     fn begin(&mut self, at: usize) {
         if self.start.is_none() {
             self.start = Some(at);
@@ -606,7 +620,7 @@ impl Builder {
         let done = std::mem::take(self);
         if let Some(start) = done.start {
             out.push(Lexed {
-                span: start..end,
+                span: done.lead.unwrap_or(start)..end,
                 head: done.head,
                 literals: done.literals,
                 nesting: done.max_depth,
@@ -1126,10 +1140,13 @@ mod tests {
             ("select $f$a;$$;b$f$; x", &["select $f$a;$$;b$f$", "x"]),
             ("select a$b; x", &["select a$b", "x"]),
             ("select $1; x", &["select $1", "x"]),
-            ("-- c;\nselect 1; x", &["select 1", "x"]),
+            ("-- c;\nselect 1; x", &["-- c;\nselect 1", "x"]),
             ("select 1 -- c;\n; x", &["select 1 -- c;\n", "x"]),
-            ("/* c; */ select 1; x", &["select 1", "x"]),
-            ("/* a /* b; */ c; */ select 1; x", &["select 1", "x"]),
+            ("/* c; */ select 1; x", &["/* c; */ select 1", "x"]),
+            (
+                "/* a /* b; */ c; */ select 1; x",
+                &["/* a /* b; */ c; */ select 1", "x"],
+            ),
             ("select 1 /* ; */ + 2; x", &["select 1 /* ; */ + 2", "x"]),
             ("select 1+-- c;\n2; x", &["select 1+-- c;\n2", "x"]),
             (";; -- only comments;\n /* ; */ ;", &[]),
@@ -1457,9 +1474,9 @@ mod tests {
         assert_eq!(
             texts,
             [
-                "SELECT 1 SETTINGS workload = 'a'",
+                "/* c */ SELECT 1 SETTINGS workload = 'a'",
                 "set workload = 'b'",
-                "SELECT 'x;y' AND 1 = $1",
+                "-- x\nSELECT 'x;y' AND 1 = $1",
                 "DECLARE c CURSOR FOR SELECT 2"
             ]
         );

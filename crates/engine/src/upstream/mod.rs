@@ -53,6 +53,11 @@ pub struct UpstreamUrl {
     /// against.
     pub sslrootcert: Option<std::path::PathBuf>,
     pub connect_timeout: Duration,
+    /// Start-up parameters sent besides the user and the database: the run-time parameters
+    /// of the clients a pool serves (`TimeZone`, `DateStyle`, `-c` options, …), so that
+    /// PostgreSQL makes them the session's own (a `RESET` returns to them). sluice's
+    /// `application_name` and `client_encoding=UTF8` are sent unless they are given here.
+    pub parameters: Vec<(String, String)>,
 }
 
 /// The URL's `sslmode`.
@@ -145,6 +150,7 @@ impl UpstreamUrl {
             sslmode: SslMode::Prefer,
             sslrootcert: None,
             connect_timeout: Duration::from_secs(10),
+            parameters: Vec::new(),
         };
         for (key, value) in url.query_pairs() {
             match (key.as_ref(), value.as_ref()) {
@@ -179,6 +185,36 @@ impl UpstreamUrl {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// What makes a session's parameters `wanted` where `current` were set: `RESET`s of those no
+/// longer wanted, then one `SELECT set_config(…)` of those that differ; `None` if nothing
+/// differs.
+pub fn session_sql(current: &[(String, String)], wanted: &[(String, String)]) -> Option<String> {
+    let find = |list: &[(String, String)], name: &str| {
+        list.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    // An escape string reads the same whatever `standard_conforming_strings` is.
+    let quote = |v: &str| format!("E'{}'", v.replace('\\', "\\\\").replace('\'', "''"));
+    if current == wanted {
+        return None;
+    }
+    let mut statements: Vec<String> = current
+        .iter()
+        .filter(|(name, _)| find(wanted, name).is_none())
+        .map(|(name, _)| format!("RESET \"{}\"", name.replace('"', "\"\"")))
+        .collect();
+    let sets: Vec<String> = wanted
+        .iter()
+        .filter(|(name, value)| find(current, name).as_deref() != Some(value.as_str()))
+        .map(|(name, value)| format!("set_config({}, {}, false)", quote(name), quote(value)))
+        .collect();
+    if !sets.is_empty() {
+        statements.push(format!("SELECT {}", sets.join(", ")));
+    }
+    (!statements.is_empty()).then(|| statements.join("; "))
 }
 
 /// One backend message as the upstream sent it: its type byte and its body (without the
@@ -251,14 +287,16 @@ impl Frame {
                 .find(|(k, _)| *k == c)
                 .map(|(_, v)| v.as_str())
         };
-        Error::new(
+        let mut error = Error::new(
             ErrorCode::AllConnectionTriesFailed,
             format!(
                 "The upstream {address} refused the connection: {} (SQLSTATE {})",
                 get(b'M').unwrap_or("no message"),
                 get(b'C').unwrap_or("?")
             ),
-        )
+        );
+        error.upstream = Some(std::sync::Arc::new(fields));
+        error
     }
 }
 
@@ -348,6 +386,13 @@ pub struct UpstreamConnection {
     pub dirty: bool,
     /// The `SET`s sluice last sent to carry a grant (so unchanged ones are not sent again).
     pub applied: String,
+    /// The run-time parameters of the client it was last lent to (its start-up `TimeZone`,
+    /// `DateStyle`, `options=-c …`, …), as sluice set them on top of the connection's own
+    /// start: [`UpstreamConnection::apply_session`] sends only what differs for the next
+    /// client, and a reset (`DISCARD ALL`) returns it to `startup_session`.
+    pub session: Vec<(String, String)>,
+    /// The run-time parameters its start-up packet set (the URL's `parameters`).
+    pub startup_session: Vec<(String, String)>,
     /// The thread whose runtime its socket is registered with, when that runtime is a
     /// current-thread one (see [`UpstreamConnection::at_home`]).
     home: Option<std::thread::ThreadId>,
@@ -396,19 +441,35 @@ impl UpstreamConnection {
             prepared: Default::default(),
             dirty: false,
             applied: String::new(),
+            session: Vec::new(),
+            startup_session: Vec::new(),
             home: current_home(),
         };
         let mut buf = BytesMut::new();
+        let given = |name: &str| {
+            url.parameters
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name))
+        };
+        let defaults = [("application_name", "sluice"), ("client_encoding", "UTF8")];
         frontend::startup_message(
             [
                 ("user", url.user.as_str()),
                 ("database", url.database.as_str()),
-                ("application_name", "sluice"),
-                ("client_encoding", "UTF8"),
-            ],
+            ]
+            .into_iter()
+            .chain(defaults.into_iter().filter(|(name, _)| !given(name)))
+            .chain(
+                url.parameters
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            ),
             &mut buf,
         )
         .map_err(|e| protocol_error(&e.to_string()))?;
+        // What the start-up set is the session's own: the first client wants no SET for it.
+        conn.session = url.parameters.clone();
+        conn.startup_session = url.parameters.clone();
         conn.send(&buf).await?;
         conn.authenticate(url).await?;
         // Then parameters and the cancel key, up to the first ReadyForQuery.
@@ -787,6 +848,32 @@ impl UpstreamConnection {
                 return Ok(frames);
             }
         }
+    }
+
+    /// Makes the session's run-time parameters `wanted` (names as a client gives them,
+    /// compared without case): a parameter the last client set and this one does not is
+    /// `RESET`, one whose value differs is set (`set_config`, as a start-up packet's value
+    /// would be), the rest are left alone, so clients that want the same parameters cost no
+    /// round trip. `Ok(Some(frame))` is the upstream's ErrorResponse (an unknown parameter, a
+    /// value it refuses): the connection then counts as changed ([`Self::dirty`]), so it is
+    /// reset before it is lent again.
+    pub async fn apply_session(&mut self, wanted: &[(String, String)]) -> Result<Option<Frame>> {
+        let Some(sql) = session_sql(&self.session, wanted) else {
+            return Ok(None);
+        };
+        self.query(&sql).await?;
+        let error = self
+            .read_response()
+            .await?
+            .into_iter()
+            .find(|f| f.tag == b'E');
+        if error.is_some() {
+            // Unknown now: the connection is reset before it is lent again.
+            self.dirty = true;
+        } else {
+            self.session = wanted.to_vec();
+        }
+        Ok(error)
     }
 
     /// Ends the session politely.

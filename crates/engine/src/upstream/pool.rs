@@ -50,6 +50,8 @@ struct Inner {
     url: UpstreamUrl,
     /// One permit per connection the pool may hold open.
     slots: Arc<Semaphore>,
+    /// How many: `slots`' permits when none is taken.
+    size: usize,
     idle: Mutex<Vec<UpstreamConnection>>,
     health: Mutex<Health>,
 }
@@ -76,6 +78,7 @@ impl UpstreamPool {
             inner: Arc::new(Inner {
                 url,
                 slots: Arc::new(Semaphore::new(size.max(1))),
+                size: size.max(1),
                 idle: Mutex::new(Vec::new()),
                 health: Mutex::new(Health {
                     retry_at: None,
@@ -88,6 +91,16 @@ impl UpstreamPool {
 
     pub fn url(&self) -> &UpstreamUrl {
         &self.inner.url
+    }
+
+    /// Whether a checkout now would not wait: a connection is idle, or one more may open.
+    pub fn has_room(&self) -> bool {
+        self.inner.slots.available_permits() > 0
+    }
+
+    /// Whether it holds no connection, idle or lent (so it may be forgotten).
+    pub fn is_unused(&self) -> bool {
+        self.inner.slots.available_permits() == self.inner.size && self.idle() == 0
     }
 
     /// Connections open now, idle in the pool.
@@ -182,7 +195,9 @@ impl UpstreamPool {
                 health.backoff = FIRST_BACKOFF;
                 health.last_error = None;
             }
-            Err(e) if e.code == ErrorCode::AllConnectionTriesFailed => {
+            // Refused (a database that does not exist, a bad start-up parameter): the
+            // upstream is there, and other clients' connections are not held back.
+            Err(e) if e.code == ErrorCode::AllConnectionTriesFailed && e.upstream.is_none() => {
                 if health.last_error.is_none() {
                     tracing::warn!("{}; forwarded statements fail until it is back", e.message);
                 }
@@ -279,6 +294,7 @@ async fn reset(mut conn: UpstreamConnection) -> Option<UpstreamConnection> {
     run(&mut conn, RESET, deadline).await?;
     conn.prepared.clear();
     conn.applied.clear();
+    conn.session = conn.startup_session.clone();
     conn.dirty = false;
     (conn.transaction == b'I').then_some(conn)
 }
