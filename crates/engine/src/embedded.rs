@@ -118,7 +118,10 @@ impl Embedded {
             // sluice serves information_schema itself, as Postgres names it
             // (crate::pg_catalog); DataFusion's SHOW reads its df_settings there.
             .with_information_schema(false)
-            .with_default_catalog_and_schema("datafusion", "public");
+            .with_default_catalog_and_schema("datafusion", "public")
+            // PostgreSQL's default zone: a `timestamptz` is one (shown with its offset, typed
+            // as one), not a timestamp without a zone, until a client sets its `TimeZone`.
+            .set_str("datafusion.execution.time_zone", "UTC");
         // One pool for every session: the limit is the engine's, not a query's. Errors name
         // the largest consumers (DataFusion's tracking pool).
         let env = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
@@ -186,6 +189,18 @@ impl Engine for Embedded {
         self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
+}
+
+/// A time zone as the engine reads one: an IANA name or a fixed offset; anything else is
+/// PostgreSQL's 22023.
+pub fn time_zone(zone: &str) -> Result<datafusion::arrow::array::timezone::Tz> {
+    zone.parse().map_err(|_| {
+        Error::new(
+            ErrorCode::BadArguments,
+            format!("invalid value for parameter \"TimeZone\": \"{zone}\""),
+        )
+        .with_sqlstate("22023")
+    })
 }
 
 /// One client's session: shares the engine's catalogs (tables), owns its settings.
@@ -264,6 +279,20 @@ enum Head {
 
 #[async_trait]
 impl Session for EmbeddedSession {
+    async fn set_time_zone(&self, zone: &str) -> Result<()> {
+        time_zone(zone)?;
+        let mut planning = self.inner.planning.lock().await;
+        {
+            let state = self.inner.ctx.state_ref();
+            let mut state = state.write();
+            state.config_mut().options_mut().execution.time_zone = Some(zone.to_string());
+        }
+        // Plans made in the old zone (its `timestamptz` casts) are not reused.
+        self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        *planning = Planning::of(&self.inner.ctx.state());
+        Ok(())
+    }
+
     async fn execute(
         &self,
         sql: &str,

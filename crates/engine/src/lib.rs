@@ -139,6 +139,11 @@ pub trait Session: Send + Sync + std::fmt::Debug {
     /// The types of a statement's placeholders `$1`, `$2`, … in order, as far as the engine
     /// can infer them (`None`: not inferable, e.g. a bare `SELECT $1`).
     async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<DataType>>>;
+
+    /// The session's time zone (PostgreSQL's `TimeZone`): an IANA name (`PST8PDT`,
+    /// `Asia/Tokyo`) or an offset (`+05:30`); `timestamptz` values are read and shown in it.
+    /// An unknown zone is refused (22023, as PostgreSQL refuses it) and changes nothing.
+    async fn set_time_zone(&self, zone: &str) -> Result<()>;
 }
 
 #[cfg(test)]

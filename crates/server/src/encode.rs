@@ -157,6 +157,28 @@ fn timestamp_text(v: NaiveDateTime, zone: &str) -> String {
     out + zone
 }
 
+/// A UTC instant as PostgreSQL prints a `timestamptz` in `zone` (an unknown zone: in UTC).
+fn timestamptz_text(utc: NaiveDateTime, zone: &str) -> String {
+    use chrono::{Offset, TimeZone};
+    let Ok(tz) = zone.parse::<datafusion::arrow::array::timezone::Tz>() else {
+        return timestamp_text(utc, "+00");
+    };
+    let local = tz.from_utc_datetime(&utc);
+    let seconds = local.offset().fix().local_minus_utc();
+    let (sign, seconds) = if seconds < 0 {
+        ('-', -seconds)
+    } else {
+        ('+', seconds)
+    };
+    let (hours, minutes, rest) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    let offset = match (minutes, rest) {
+        (0, 0) => format!("{sign}{hours:02}"),
+        (_, 0) => format!("{sign}{hours:02}:{minutes:02}"),
+        _ => format!("{sign}{hours:02}:{minutes:02}:{rest:02}"),
+    };
+    timestamp_text(local.naive_local(), &offset)
+}
+
 fn encode_value(
     enc: &mut DataRowEncoder,
     array: &ArrayRef,
@@ -206,7 +228,11 @@ fn encode_value(
                 (None, _) => enc.encode_field(&None::<i8>),
                 // Text as Postgres prints it: no fraction when it is zero, trailing zeros off.
                 (Some(v), None) if text_format => enc.encode_field(&timestamp_text(v, "")),
-                (Some(v), Some(_)) if text_format => enc.encode_field(&timestamp_text(v, "+00")),
+                // In the zone the value carries (the session's `TimeZone`), with its offset
+                // as PostgreSQL prints it: `-08`, `+05:30`.
+                (Some(v), Some(zone)) if text_format => {
+                    enc.encode_field(&timestamptz_text(v, zone))
+                }
                 (Some(v), None) => enc.encode_field(&v),
                 (Some(v), Some(_)) => enc.encode_field(&v.and_utc()),
             }

@@ -758,6 +758,12 @@ impl Connection {
                         self.check_pinned(user, v)?;
                     }
                 }
+                if name == "timezone" && self.shared.upstream.is_none() {
+                    // The engine reads and shows timestamptz values in it; RESET is UTC.
+                    self.session()
+                        .set_time_zone(value.as_deref().unwrap_or("UTC"))
+                        .await?;
+                }
                 self.set_var(&name, value);
                 Ok(Outcome::Command(Tag::new(if reset {
                     "RESET"
@@ -771,6 +777,8 @@ impl Connection {
                 } else if name == "server_version" {
                     // As announced at start-up (upstream mode forwards this SHOW).
                     sluice_engine::pg_catalog::server_version()
+                } else if name == "timezone" {
+                    self.var(&name).unwrap_or_else(|| "UTC".to_string())
                 } else {
                     self.var(&name).unwrap_or_default()
                 };
@@ -1933,13 +1941,28 @@ impl NoopStartupHandler for Connection {
         // In upstream mode the client sees the upstream's parameters (its server_version
         // above all: psql and drivers choose their catalog queries by it), with its own
         // start-up parameters in place as the upstream took them.
-        let parameters = match &self.shared.upstream {
-            Some(upstream) => upstream
-                .session_parameters(client.metadata())
-                .await
-                .map_err(|refused| crate::forward::fatal_from(&refused))?,
-            None => self.server_parameters(),
+        let (parameters, warnings) = match &self.shared.upstream {
+            Some(upstream) => (
+                upstream
+                    .session_parameters(client.metadata())
+                    .await
+                    .map_err(|refused| crate::forward::fatal_from(&refused))?,
+                Vec::new(),
+            ),
+            None => self.embedded_start().await.map_err(|e| {
+                PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "FATAL".to_owned(),
+                    e.sqlstate().to_owned(),
+                    e.to_string(),
+                )))
+            })?,
         };
+        for warning in warnings {
+            let info = ErrorInfo::new("WARNING".to_owned(), "01000".to_owned(), warning);
+            client
+                .feed(PgWireBackendMessage::NoticeResponse(info.into()))
+                .await?;
+        }
         for (name, value) in parameters {
             client
                 .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
@@ -1973,11 +1996,59 @@ impl StartupOptions for Connection {
         if let Some(name) = metadata.get("application_name") {
             self.set_var("application_name", Some(name.clone()));
         }
+        // Run-time parameters given as start-up keys (psql's PGTZ, PGDATESTYLE), then as
+        // `-c` options, which PostgreSQL applies after them.
+        for (name, value) in metadata {
+            if matches!(
+                name.to_ascii_lowercase().as_str(),
+                "timezone" | "datestyle" | "intervalstyle"
+            ) {
+                self.set_var(&name.to_ascii_lowercase(), Some(value.clone()));
+            }
+        }
         if let Some(options) = metadata.get("options") {
             for (name, value) in startup_settings(options) {
                 self.set_var(&name, Some(value));
             }
         }
+    }
+}
+
+/// The styles the embedded engine prints dates and intervals in (PostgreSQL's defaults).
+const EMBEDDED_DATE_STYLE: &str = "ISO, MDY";
+const EMBEDDED_INTERVAL_STYLE: &str = "postgres";
+
+impl Connection {
+    /// The embedded engine's answer to a start-up's run-time parameters: its `TimeZone` is
+    /// the session's (an unknown one refuses the start-up with FATAL 22023, as PostgreSQL
+    /// does); a `DateStyle` or `IntervalStyle` the engine does not print in is not taken
+    /// silently: a WARNING says what the session shows instead. Returns the parameters to
+    /// report, and the warnings.
+    async fn embedded_start(&self) -> Result<(Vec<(String, String)>, Vec<String>)> {
+        let mut reported = self.server_parameters();
+        let mut warnings = Vec::new();
+        if let Some(zone) = self.var("timezone") {
+            self.session().set_time_zone(&zone).await?;
+            reported.push(("TimeZone".to_string(), zone));
+        }
+        for (name, var, shown) in [
+            ("DateStyle", "datestyle", EMBEDDED_DATE_STYLE),
+            ("IntervalStyle", "intervalstyle", EMBEDDED_INTERVAL_STYLE),
+        ] {
+            if let Some(asked) = self.var(var) {
+                if !shown
+                    .to_ascii_lowercase()
+                    .starts_with(&asked.to_ascii_lowercase())
+                {
+                    warnings.push(format!(
+                        "{name} '{asked}' is not one the embedded engine prints in; this session shows {shown}"
+                    ));
+                }
+                self.set_var(var, Some(shown.to_string()));
+            }
+            reported.push((name.to_string(), shown.to_string()));
+        }
+        Ok((reported, warnings))
     }
 }
 

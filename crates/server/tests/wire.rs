@@ -611,3 +611,85 @@ async fn query_settings_are_read_as_clickhouse_reads_them() {
     assert!(refusals >= 20, "the file refuses something ({refusals})");
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
+
+/// `psql -X -A -t` at `port` with `env`: stdout, or stderr when it failed; and stderr.
+async fn psql_with(port: u16, env: &[(&str, &str)], sql: &str) -> (String, String) {
+    let mut command = std::process::Command::new("psql");
+    command
+        .args(["-X", "-A", "-t", "-c", sql])
+        .arg(format!("host=127.0.0.1 port={port} user=tester dbname=any"))
+        .env_remove("PGTZ")
+        .env_remove("PGDATESTYLE")
+        .env_remove("PGOPTIONS");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    // Off the test's runtime: the server under test answers on it.
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("psql's thread")
+        .expect("psql runs (the machine's PostgreSQL client)");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 36, defect 1 on the embedded engine: a start-up `TimeZone` (psql's PGTZ, or `-c`) is
+/// the session's — timestamptz values are shown in it, with PostgreSQL's offsets — and `SET
+/// TimeZone` changes it; an unknown zone refuses the start-up with 22023; a `DateStyle` the
+/// engine does not print in is not taken silently (a WARNING says what is shown instead).
+#[tokio::test]
+async fn the_embedded_engine_takes_the_clients_time_zone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let instant = "SELECT TIMESTAMPTZ '2026-01-02 03:04:05+00' AS t";
+    // Without a zone of its own a session is in UTC, and a timestamptz is one.
+    let (out, _) = psql_with(server.port, &[], instant).await;
+    assert_eq!(out.trim(), "2026-01-02 03:04:05+00");
+    let (out, _) = psql_with(server.port, &[("PGTZ", "Asia/Tokyo")], instant).await;
+    assert_eq!(out.trim(), "2026-01-02 12:04:05+09");
+    let (out, _) = psql_with(server.port, &[("PGTZ", "America/St_Johns")], instant).await;
+    assert_eq!(out.trim(), "2026-01-01 23:34:05-03:30");
+    let (out, _) = psql_with(server.port, &[("PGTZ", "Asia/Tokyo")], "SHOW TimeZone").await;
+    assert_eq!(out.trim(), "Asia/Tokyo");
+    let zoned = server
+        .client_with(&format!(
+            "host=127.0.0.1 port={} user=tester dbname=any options='-c TimeZone=PST8PDT'",
+            server.port
+        ))
+        .await;
+    assert_eq!(
+        column(&zoned, "SELECT TIMESTAMPTZ '2026-07-01 12:00:00+00'").await,
+        ["2026-07-01 05:00:00-07"]
+    );
+    zoned
+        .simple_query("SET TimeZone = 'UTC'")
+        .await
+        .expect("set");
+    assert_eq!(
+        column(&zoned, "SELECT TIMESTAMPTZ '2026-07-01 12:00:00+00'").await,
+        ["2026-07-01 12:00:00+00"]
+    );
+    let e = zoned
+        .simple_query("SET TimeZone = 'Nowhere/Bogus'")
+        .await
+        .expect_err("an unknown zone");
+    assert_eq!(sqlstate(&e), "22023", "{}", message(&e));
+    let (_, refused) = psql_with(server.port, &[("PGTZ", "Nowhere/Bogus")], "SELECT 1").await;
+    assert!(
+        refused.contains("FATAL") && refused.contains("invalid value for parameter \"TimeZone\""),
+        "{refused}"
+    );
+    let (out, warned) = psql_with(
+        server.port,
+        &[("PGDATESTYLE", "Postgres, MDY")],
+        "SHOW DateStyle",
+    )
+    .await;
+    assert_eq!(out.trim(), "ISO, MDY");
+    assert!(
+        warned.contains("WARNING") && warned.contains("Postgres, MDY"),
+        "{warned}"
+    );
+}
