@@ -1877,9 +1877,9 @@ impl Connection {
 }
 
 /// Splits a script into statements at top-level `;` (quotes and comments respected, see
-/// [`sluice_sql::statement`]), each without the comments before it.
+/// [`sluice_sql::lexer`]), each with the comments before it (its own).
 pub fn script_statements(script: &str) -> Vec<String> {
-    sluice_sql::statement::split(script)
+    sluice_sql::lexer::split(script)
         .into_iter()
         .map(|lexed| script[lexed.span].trim().to_string())
         .filter(|s| !s.is_empty())

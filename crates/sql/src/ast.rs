@@ -353,7 +353,7 @@ pub struct CreateClassifier {
     pub options: CreateOptions,
     pub name: String,
     pub workload: String,
-    pub predicate: crate::predicate::Predicate,
+    pub predicate: Predicate,
     /// `RANK n` (0 when not written).
     pub rank: i64,
     pub dry_run: bool,
@@ -505,5 +505,249 @@ mod tests {
             Literal::String("x'y\\z\n".into()).to_string(),
             r"'x\'y\\z\n'"
         );
+    }
+}
+
+// ---- Classifier predicates ----
+//
+// Classifier predicates: the `WHEN` of `CREATE CLASSIFIER`, a boolean over what sluice knows
+// of a statement before it runs (who sent it, from where, what kind it is, its text and the
+// tags in its comments), and their canonical text.
+// `Display` prints a predicate so that it parses back to the same tree: attributes lower-case,
+// values single-quoted with ClickHouse's escapes, keywords upper-case, and parentheses exactly
+// where the tree needs them (`OR` binds loosest, then `AND`, then `NOT`; a right operand of
+// the same operator is parenthesized, since the parser reads chains left to right).
+
+/// What a predicate can ask of a statement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Attribute {
+    /// The user it was sent as.
+    User,
+    /// The database named at connection start.
+    Database,
+    /// The `application_name` start-up parameter (or a later `SET application_name`).
+    ApplicationName,
+    /// The client's IP address (NULL on a Unix socket); `=`, `<>` and `IN` match CIDR blocks.
+    ClientAddr,
+    /// `'select'`, `'insert'`, `'update'`, `'delete'`, `'ddl'` or `'utility'`.
+    StatementKind,
+    /// The statement's text (without its `SETTINGS` tail).
+    Query,
+    /// `tag('key')`: the value of `key` in a SQLCommenter-style comment (`/* key='v' */`).
+    Tag(String),
+}
+
+impl Attribute {
+    /// The attribute named by a bare word, if it is one (`tag` takes an argument: not here).
+    pub fn from_name(name: &str) -> Option<Attribute> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "user" => Attribute::User,
+            "database" => Attribute::Database,
+            "application_name" => Attribute::ApplicationName,
+            "client_addr" => Attribute::ClientAddr,
+            "statement_kind" => Attribute::StatementKind,
+            "query" => Attribute::Query,
+            _ => return None,
+        })
+    }
+
+    /// The attribute names, for error messages.
+    pub const NAMES: [&'static str; 7] = [
+        "user",
+        "database",
+        "application_name",
+        "client_addr",
+        "statement_kind",
+        "query",
+        "tag('key')",
+    ];
+}
+
+impl fmt::Display for Attribute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attribute::User => f.write_str("user"),
+            Attribute::Database => f.write_str("database"),
+            Attribute::ApplicationName => f.write_str("application_name"),
+            Attribute::ClientAddr => f.write_str("client_addr"),
+            Attribute::StatementKind => f.write_str("statement_kind"),
+            Attribute::Query => f.write_str("query"),
+            Attribute::Tag(key) => write!(f, "tag({})", Literal::String(key.clone())),
+        }
+    }
+}
+
+/// A comparison of an attribute with one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Comparison {
+    Eq,
+    NotEq,
+    /// SQL `LIKE`: `%` any run, `_` one character, `\` escapes; case-sensitive.
+    Like,
+    /// `LIKE` ignoring case.
+    ILike,
+    /// `~`: the value is a regular expression that must match somewhere in the attribute.
+    Regex,
+}
+
+impl Comparison {
+    fn symbol(self) -> &'static str {
+        match self {
+            Comparison::Eq => "=",
+            Comparison::NotEq => "<>",
+            Comparison::Like => "LIKE",
+            Comparison::ILike => "ILIKE",
+            Comparison::Regex => "~",
+        }
+    }
+}
+
+/// A classifier's condition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Predicate {
+    Compare {
+        attribute: Attribute,
+        op: Comparison,
+        value: String,
+    },
+    /// `attribute [NOT] IN ('a', 'b', …)`.
+    In {
+        attribute: Attribute,
+        values: Vec<String>,
+        negated: bool,
+    },
+    /// `attribute IS [NOT] NULL`: whether the statement has the attribute at all.
+    IsNull {
+        attribute: Attribute,
+        negated: bool,
+    },
+    And(Box<Predicate>, Box<Predicate>),
+    Or(Box<Predicate>, Box<Predicate>),
+    Not(Box<Predicate>),
+}
+
+impl Predicate {
+    /// Binding strength, loosest first: what needs parentheses where.
+    fn precedence(&self) -> u8 {
+        match self {
+            Predicate::Or(..) => 1,
+            Predicate::And(..) => 2,
+            Predicate::Not(_) => 3,
+            _ => 4,
+        }
+    }
+
+    /// The attributes it reads, each once, in the order first read.
+    pub fn attributes(&self) -> Vec<&Attribute> {
+        let mut out = Vec::new();
+        self.visit(&mut |p| {
+            let a = match p {
+                Predicate::Compare { attribute, .. }
+                | Predicate::In { attribute, .. }
+                | Predicate::IsNull { attribute, .. } => attribute,
+                _ => return,
+            };
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        });
+        out
+    }
+
+    /// Calls `f` on every node, parents before children, left before right.
+    pub fn visit<'a>(&'a self, f: &mut impl FnMut(&'a Predicate)) {
+        f(self);
+        match self {
+            Predicate::And(a, b) | Predicate::Or(a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Predicate::Not(a) => a.visit(f),
+            _ => {}
+        }
+    }
+
+    fn fmt_operand(&self, f: &mut fmt::Formatter<'_>, parenthesize: bool) -> fmt::Result {
+        if parenthesize {
+            write!(f, "({self})")
+        } else {
+            write!(f, "{self}")
+        }
+    }
+}
+
+impl fmt::Display for Predicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let quoted = |s: &str| Literal::String(s.to_string()).to_string();
+        match self {
+            Predicate::Compare {
+                attribute,
+                op,
+                value,
+            } => write!(f, "{attribute} {} {}", op.symbol(), quoted(value)),
+            Predicate::In {
+                attribute,
+                values,
+                negated,
+            } => {
+                write!(f, "{attribute} {}IN (", if *negated { "NOT " } else { "" })?;
+                for (i, v) in values.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    f.write_str(&quoted(v))?;
+                }
+                f.write_char(')')
+            }
+            Predicate::IsNull { attribute, negated } => {
+                write!(
+                    f,
+                    "{attribute} IS {}NULL",
+                    if *negated { "NOT " } else { "" }
+                )
+            }
+            Predicate::And(a, b) | Predicate::Or(a, b) => {
+                let own = self.precedence();
+                a.fmt_operand(f, a.precedence() < own)?;
+                f.write_str(if own == 1 { " OR " } else { " AND " })?;
+                b.fmt_operand(f, b.precedence() <= own)
+            }
+            Predicate::Not(a) => {
+                f.write_str("NOT ")?;
+                a.fmt_operand(f, a.precedence() < 3)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod predicate_tests {
+    use super::*;
+
+    fn cmp(attribute: Attribute, value: &str) -> Box<Predicate> {
+        Box::new(Predicate::Compare {
+            attribute,
+            op: Comparison::Eq,
+            value: value.into(),
+        })
+    }
+
+    #[test]
+    fn parentheses_only_where_the_tree_needs_them() {
+        let a = cmp(Attribute::User, "a");
+        let b = cmp(Attribute::Tag("team".into()), "b'c");
+        let c = cmp(Attribute::Database, "c");
+        let p = Predicate::And(Box::new(Predicate::Or(a.clone(), b.clone())), c.clone());
+        assert_eq!(
+            p.to_string(),
+            r"(user = 'a' OR tag('team') = 'b\'c') AND database = 'c'"
+        );
+        let p = Predicate::Or(a.clone(), Box::new(Predicate::Or(b.clone(), c.clone())));
+        assert_eq!(
+            p.to_string(),
+            r"user = 'a' OR (tag('team') = 'b\'c' OR database = 'c')"
+        );
+        let p = Predicate::Not(Box::new(Predicate::And(a, c)));
+        assert_eq!(p.to_string(), "NOT (user = 'a' AND database = 'c')");
     }
 }

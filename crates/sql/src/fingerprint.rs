@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use crate::statement::{lex, TokenKind, Tokens};
+use crate::lexer::{lex, TokenKind, Tokens};
 
 /// A statement's fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -94,7 +94,7 @@ const KEYWORDS_BEFORE_PARENTHESES: &[&str] = &[
 pub fn fingerprint(text: &str) -> Fingerprint {
     let mut collect = Collect::default();
     lex(text, &mut collect);
-    let tags = crate::predicate::tags_of_comments(text, &collect.comments);
+    let tags = crate::tags::tags_of_comments(text, &collect.comments);
     let mut tokens: Vec<Token> = Vec::with_capacity(collect.tokens.len());
     for (kind, span) in collect.tokens {
         let raw = &text[span];

@@ -9,6 +9,16 @@
 //! fingerprints, a statement with its values normalized away ([`fingerprint`]).
 //! It also owns the error codes every layer reports ([`error`]).
 //!
+//! Layout, bottom up (a module imports only from those before it; no circle):
+//! - [`error`]: codes, SQLSTATEs. [`lexer`]: one pass over a client's text, statement spans and
+//!   tokens (PostgreSQL's lexical rules).
+//! - [`ast`]: the dialect's statements and the classifiers' predicates, with their canonical
+//!   `Display`.
+//! - [`tags`]: SQLCommenter tags, read from the lexer's comments. [`parser`]: the dialect's
+//!   text into [`ast`].
+//! - [`statement`]: what a client sent, routed on one lexing pass (DDL through [`parser`]).
+//!   [`fingerprint`]: a statement with its values normalized away.
+//!
 //! Invariants:
 //! - Parsing never panics and does bounded work on any input ([`parser::MAX_INPUT_BYTES`]; the
 //!   only nesting, a classifier's predicate, is bounded by [`parser::MAX_PREDICATE_DEPTH`]).
@@ -20,14 +30,15 @@
 pub mod ast;
 pub mod error;
 pub mod fingerprint;
+pub mod lexer;
 pub mod parser;
-pub mod predicate;
 pub mod statement;
+pub mod tags;
 
 pub use ast::{
-    format_float, is_bare_identifier, CostUnit, CreateClassifier, CreateOptions, CreateResource,
-    CreateWorkload, DiskRef, DropEntity, EntityKind, Literal, QuotedIdent, ResourceOperation,
-    SettingChange, Statement,
+    format_float, is_bare_identifier, Attribute, Comparison, CostUnit, CreateClassifier,
+    CreateOptions, CreateResource, CreateWorkload, DiskRef, DropEntity, EntityKind, Literal,
+    Predicate, QuotedIdent, ResourceOperation, SettingChange, Statement,
 };
 pub use error::{Error, ErrorCode, Position, Result};
 pub use fingerprint::{fingerprint, fingerprint_key, Fingerprint};
@@ -35,8 +46,8 @@ pub use parser::{
     collapse_whitespace, first_chars, mention_places, mentions, parse_script, parse_statement,
     split_settings, QueryMarkup, ScriptStatement,
 };
-pub use predicate::{tags, Attribute, Comparison, Predicate};
 pub use statement::{
     statement, statements, statements_with_text, CopyFormat, KillMode, Query,
     Statement as ClientStatement, StatementKind, TransactionControl, MAX_NESTING,
 };
+pub use tags::tags;

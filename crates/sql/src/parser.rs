@@ -8,12 +8,12 @@
 use sqlparser::dialect::{ClickHouseDialect, Dialect};
 use sqlparser::tokenizer::{Location, Token, TokenWithSpan, Tokenizer, Whitespace};
 
+use crate::ast::{Attribute, Comparison, Predicate};
 use crate::ast::{
     CreateClassifier, CreateOptions, CreateResource, CreateWorkload, DiskRef, DropEntity,
     EntityKind, Literal, ResourceOperation, SettingChange, Statement,
 };
 use crate::error::{Error, ErrorCode, Position, Result};
-use crate::predicate::{Attribute, Comparison, Predicate};
 
 /// How deep a classifier's predicate may nest: parentheses, `NOT`s and `AND`/`OR` chains
 /// (a chain of n terms is n - 1 levels). Evaluating and printing a predicate recurse once per
