@@ -423,7 +423,7 @@ fn serve(
                 "live page at http://{metrics_addr}/ , metrics at http://{metrics_addr}/metrics"
             );
             // Ends with the runtime, after the server has drained.
-            tokio::spawn(sluice_server::metrics::serve_http(
+            tokio::spawn(sluice_server::http::serve_http(
                 metrics,
                 shared.clone(),
                 std::future::pending(),
@@ -453,17 +453,17 @@ fn serve(
 fn upstream_options(
     config: Option<&config::UpstreamConfig>,
     flag: Option<String>,
-) -> anyhow::Result<Option<sluice_server::forward::UpstreamOptions>> {
+) -> anyhow::Result<Option<sluice_server::upstream::UpstreamOptions>> {
     let Some(url) = flag.or(config.map(|c| c.url.clone())) else {
         return Ok(None);
     };
-    let mut url = sluice_server::forward::UpstreamUrl::parse(&url)
+    let mut url = sluice_server::upstream::UpstreamUrl::parse(&url)
         .map_err(|e| anyhow::anyhow!("upstream.url: {}", e.message))?;
-    let default = sluice_server::forward::UpstreamOptions {
+    let default = sluice_server::upstream::UpstreamOptions {
         url: url.clone(),
         pool_size: 20,
-        pool_mode: sluice_server::forward::PoolMode::Session,
-        admission: sluice_server::forward::AdmissionMode::Statement,
+        pool_mode: sluice_server::upstream::PoolMode::Session,
+        admission: sluice_server::upstream::AdmissionMode::Statement,
     };
     let Some(c) = config else {
         return Ok(Some(default));
@@ -480,7 +480,7 @@ fn upstream_options(
     if pool_size == 0 {
         anyhow::bail!("upstream.pool_size: must be at least 1");
     }
-    Ok(Some(sluice_server::forward::UpstreamOptions {
+    Ok(Some(sluice_server::upstream::UpstreamOptions {
         url,
         pool_size,
         pool_mode: match &c.pool_mode {

@@ -1,5 +1,5 @@
-//! Disk IO scheduling (reference §4.9): the disks the config names, which IO resources cover a
-//! file, and the [`DiskGate`] a statement's file reads and writes wait at.
+//! Disk IO scheduling (reference §4.9): the disks the config names and which of them holds a
+//! file; the gate a statement's file reads and writes wait at is [`crate::disk_gate`]'s.
 //!
 //! A file is on disk `d` when its path is under `d`'s directory (both canonical, so a symlink
 //! or `..` does not leave a disk). A read of a file on `d` is a request to every resource
@@ -8,12 +8,8 @@
 //! is its bytes, and it is held while the bytes move. Files on no disk are not scheduled.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use sluice_sql::{DiskRef, ResourceOperation, Result};
-
-use crate::state::{Grant, Shared};
+use sluice_sql::{DiskRef, ResourceOperation};
 
 /// The configured disks, directories made canonical once (a disk that cannot be resolved keeps
 /// its path as written).
@@ -60,7 +56,7 @@ fn canonical(path: &Path) -> PathBuf {
 }
 
 /// Whether operation `op` of a resource covers a read (or `write`) on disk `disk`.
-fn covers(op: &ResourceOperation, disk: &str, write: bool) -> bool {
+pub(crate) fn covers(op: &ResourceOperation, disk: &str, write: bool) -> bool {
     let on = |d: &DiskRef| match d {
         DiskRef::Any => true,
         DiskRef::Named(n) => n == disk,
@@ -69,61 +65,6 @@ fn covers(op: &ResourceOperation, disk: &str, write: bool) -> bool {
         ResourceOperation::Read(d) => !write && on(d),
         ResourceOperation::Write(d) => write && on(d),
         _ => false,
-    }
-}
-
-/// Where one statement's file IO waits: its workload's queues in the IO resources.
-#[derive(Debug)]
-pub struct DiskGate {
-    shared: Arc<Shared>,
-    grant: Arc<Mutex<Grant>>,
-}
-
-impl DiskGate {
-    /// The gate of a statement holding `grant`, when IO can be scheduled at all (disks are
-    /// configured and a resource reads or writes one).
-    pub fn for_statement(
-        shared: &Arc<Shared>,
-        grant: &Arc<Mutex<Grant>>,
-    ) -> Option<Arc<dyn sluice_engine::IoGate>> {
-        if shared.disks.is_empty() {
-            return None;
-        }
-        shared.snapshot().roles.disk_io.then(|| {
-            Arc::new(DiskGate {
-                shared: shared.clone(),
-                grant: grant.clone(),
-            }) as Arc<dyn sluice_engine::IoGate>
-        })
-    }
-}
-
-#[async_trait]
-impl sluice_engine::IoGate for DiskGate {
-    async fn admit(&self, path: &Path, bytes: u64, write: bool) -> Result<Box<dyn Send>> {
-        let Some(disk) = self.shared.disks.disk_of(path) else {
-            return Ok(Box::new(()));
-        };
-        let snapshot = self.shared.snapshot();
-        let workload = self
-            .grant
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .workload
-            .clone();
-        let cost = i64::try_from(bytes).unwrap_or(i64::MAX);
-        let mut permits = Vec::new();
-        for resource in snapshot
-            .catalog
-            .resources()
-            .filter(|r| r.operations.iter().any(|op| covers(op, disk, write)))
-        {
-            let Some(scheduler) = snapshot.schedulers.get(&resource.name) else {
-                continue;
-            };
-            permits.push(scheduler.acquire(&workload, cost)?.await?);
-        }
-        Ok(Box::new(permits))
     }
 }
 

@@ -32,7 +32,7 @@
 //!   client wrote it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::BytesMut;
 use futures::SinkExt;
@@ -44,271 +44,15 @@ use pgwire::messages::extendedquery::{
 use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::{Message, PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::PgWireMessageServerCodec;
-pub use sluice_engine::upstream::UpstreamUrl;
-use sluice_engine::upstream::{Frame, Lent, UpstreamConnection, UpstreamPool};
+use sluice_engine::upstream::{Frame, Lent, UpstreamPool};
 use sluice_sql::{ClientStatement, Error, Query, StatementKind};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
+use crate::frame::{next_incoming, Corked, Incoming};
 use crate::record::RunRecord;
 use crate::session::{Admitted, Connection, StatementMemo};
-use crate::wire::{next_incoming, Corked, Incoming};
-
-/// `[upstream]` / `--upstream`.
-#[derive(Debug, Clone)]
-pub struct UpstreamOptions {
-    pub url: UpstreamUrl,
-    /// Connections sluice opens to the upstream at most.
-    pub pool_size: usize,
-    pub pool_mode: PoolMode,
-    pub admission: AdmissionMode,
-}
-
-/// How long a client keeps an upstream connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolMode {
-    /// From its first forwarded statement to its disconnect (`LISTEN`, session `SET`s,
-    /// prepared statements all work as direct).
-    Session,
-    /// For one transaction (a statement outside one is a transaction of its own).
-    Transaction,
-}
-
-/// What one admission covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdmissionMode {
-    /// Each statement (each simple Query, each extended-protocol batch up to Sync).
-    Statement,
-    /// A whole transaction: the slot is held from its first statement to its end.
-    Transaction,
-}
-
-impl std::str::FromStr for PoolMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "session" => Ok(PoolMode::Session),
-            "transaction" => Ok(PoolMode::Transaction),
-            other => Err(format!(
-                "pool_mode is 'session' or 'transaction', got '{other}'"
-            )),
-        }
-    }
-}
-
-impl std::str::FromStr for AdmissionMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "statement" => Ok(AdmissionMode::Statement),
-            "transaction" => Ok(AdmissionMode::Transaction),
-            other => Err(format!(
-                "admission is 'statement' or 'transaction', got '{other}'"
-            )),
-        }
-    }
-}
-
-/// Which pool serves a client: its database and the run-time parameters of its start-up
-/// (its `application_name` aside: that one is set per lend, so clients that differ only in
-/// their names share connections). Connections are opened with these as their own start-up,
-/// so the session is the client's as going direct (`RESET TimeZone` returns to its start-up
-/// value).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PoolKey {
-    database: String,
-    parameters: Vec<(String, String)>,
-}
-
-/// Pools kept at most before those holding no connection are forgotten (each client with
-/// start-up parameters of its own may make one).
-const KEPT_POOLS: usize = 64;
-
-/// The upstream, as the server shares it: its pools and what it announced at start-up.
-#[derive(Debug)]
-pub struct Upstream {
-    pub options: UpstreamOptions,
-    /// The URL's own: its database, no client's parameters (the start-up probe's).
-    pub pool: UpstreamPool,
-    /// One pool per [`PoolKey`], each of `pool_size` connections at most.
-    pools: Mutex<HashMap<PoolKey, UpstreamPool>>,
-    /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
-    /// passed on to clients at their start-up so they see the upstream's.
-    parameters: Mutex<Vec<(String, String)>>,
-}
-
-/// Parameters of the upstream a client is told at start-up: those that describe the server
-/// and how it formats values (not the upstream session's user or application name).
-const PASSED_PARAMETERS: &[&str] = &[
-    "server_version",
-    "server_encoding",
-    "client_encoding",
-    "DateStyle",
-    "IntervalStyle",
-    "TimeZone",
-    "integer_datetimes",
-    "standard_conforming_strings",
-    "default_transaction_read_only",
-    "in_hot_standby",
-];
-
-impl Upstream {
-    pub fn new(options: UpstreamOptions) -> Upstream {
-        Upstream {
-            pool: UpstreamPool::new(options.url.clone(), options.pool_size),
-            pools: Mutex::default(),
-            options,
-            parameters: Mutex::default(),
-        }
-    }
-
-    /// The pool for a client whose start-up says `metadata`: its database (the URL's when it
-    /// names none) and its run-time parameters.
-    pub fn pool_for(&self, metadata: &HashMap<String, String>) -> UpstreamPool {
-        let url = &self.options.url;
-        let key = PoolKey {
-            database: metadata
-                .get("database")
-                .filter(|d| !d.is_empty())
-                .unwrap_or(&url.database)
-                .clone(),
-            parameters: client_parameters(metadata)
-                .into_iter()
-                .filter(|(name, _)| !name.eq_ignore_ascii_case("application_name"))
-                .collect(),
-        };
-        if key.database == url.database && key.parameters.is_empty() {
-            return self.pool.clone();
-        }
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pool) = pools.get(&key) {
-            return pool.clone();
-        }
-        if pools.len() >= KEPT_POOLS {
-            pools.retain(|_, pool| !pool.is_unused());
-        }
-        let pool = UpstreamPool::new(
-            UpstreamUrl {
-                database: key.database.clone(),
-                parameters: key.parameters.clone(),
-                ..url.clone()
-            },
-            self.options.pool_size,
-        );
-        pools.insert(key, pool.clone());
-        pool
-    }
-
-    /// Connects once to learn the upstream's parameters; an upstream that is down is only
-    /// logged (sluice serves its own statements meanwhile, forwarded ones fail fast).
-    pub async fn probe(&self) {
-        match self.pool.checkout().await {
-            Ok(lent) => {
-                self.note_parameters(&lent);
-                tracing::info!(
-                    "upstream {} ({}, {} connections at most, {} pooling, admission per {})",
-                    self.options.url,
-                    lent.parameters
-                        .iter()
-                        .find(|(k, _)| k == "server_version")
-                        .map_or("server version unknown", |(_, v)| v.as_str()),
-                    self.options.pool_size,
-                    match self.options.pool_mode {
-                        PoolMode::Session => "session",
-                        PoolMode::Transaction => "transaction",
-                    },
-                    match self.options.admission {
-                        AdmissionMode::Statement => "statement",
-                        AdmissionMode::Transaction => "transaction",
-                    }
-                );
-            }
-            Err(e) => tracing::warn!("upstream {}: {e}", self.options.url),
-        }
-    }
-
-    fn note_parameters(&self, conn: &UpstreamConnection) {
-        let passed: Vec<_> = conn
-            .parameters
-            .iter()
-            .filter(|(k, _)| PASSED_PARAMETERS.contains(&k.as_str()))
-            .cloned()
-            .collect();
-        *self.parameters.lock().unwrap_or_else(|p| p.into_inner()) = passed;
-    }
-
-    /// What a client whose start-up says `metadata` is told of its session, as PostgreSQL
-    /// would tell it: the upstream's parameters with the client's own in place, each as the
-    /// upstream takes it (`datestyle=german` is reported `German, DMY`). The client's
-    /// parameters are tried on a pooled connection, which then goes back with them set (so
-    /// its first statement needs no `SET`); `Err` is the upstream's refusal of one (an unknown
-    /// name, a bad value), which ends the client's start-up as PostgreSQL's would. While the
-    /// upstream is out of reach or every connection is lent, the values are reported as the
-    /// client gave them, and its first statement's connection is given them.
-    pub async fn session_parameters(
-        &self,
-        metadata: &HashMap<String, String>,
-    ) -> Result<Vec<(String, String)>, Frame> {
-        let wanted = client_parameters(metadata);
-        let mut reported = self.parameters();
-        let pool = self.pool_for(metadata);
-        let tried = if pool.has_room() {
-            match pool.checkout().await {
-                Ok(lent) => Some(lent),
-                // Refused (no such database, a parameter it does not take): the client's
-                // start-up is refused as PostgreSQL refuses it.
-                Err(Error {
-                    upstream: Some(fields),
-                    ..
-                }) => {
-                    return Err(Frame {
-                        tag: b'E',
-                        body: error_body(&fields),
-                    })
-                }
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
-        let Some(mut lent) = tried else {
-            for (name, value) in &mut reported {
-                if let Some((_, given)) = wanted.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))
-                {
-                    *value = given.clone();
-                }
-            }
-            return Ok(reported);
-        };
-        if reported.is_empty() {
-            self.note_parameters(&lent);
-            reported = self.parameters();
-        }
-        match lent.apply_session(&wanted).await {
-            Ok(None) => {
-                for (name, value) in &mut reported {
-                    if let Some((_, now)) = lent.parameters.iter().find(|(n, _)| n == name) {
-                        *value = now.clone();
-                    }
-                }
-                Ok(reported)
-            }
-            Ok(Some(refused)) => Err(refused),
-            Err(_) => {
-                lent.discard();
-                Ok(reported)
-            }
-        }
-    }
-
-    /// What clients are told at start-up (empty until the upstream was reached once).
-    pub fn parameters(&self) -> Vec<(String, String)> {
-        self.parameters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
+use crate::upstream::{client_parameters, follow_parameter, AdmissionMode, PoolMode, Upstream};
 
 /// Whether a statement is sluice's own in upstream mode (everything else is forwarded).
 pub fn is_sluices(statement: &ClientStatement) -> bool {
@@ -321,7 +65,7 @@ pub fn is_sluices(statement: &ClientStatement) -> bool {
         | ClientStatement::ShowEntities(_)
         | ClientStatement::ShowCreate { .. } => true,
         ClientStatement::Set { name, .. } | ClientStatement::Show(name) => {
-            crate::session::KNOWN_SETTINGS.contains(&name.as_str())
+            crate::settings::KNOWN_SETTINGS.contains(&name.as_str())
         }
         ClientStatement::Query(query) => mentions_system(&query.text),
         ClientStatement::Transaction(_)
@@ -1801,110 +1545,6 @@ fn translate(
     }
 }
 
-/// Start-up keys that are not run-time parameters: the login, the protocol's own, and
-/// `options` (read apart: its `-c` settings are parameters too).
-const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
-
-/// The run-time parameters a client's start-up asks of its session, as PostgreSQL would set
-/// them: every start-up key that is not the login's (`TimeZone`, `DateStyle`, `search_path`,
-/// `extra_float_digits`, `application_name`, `client_encoding`, …) and every `-c` of its
-/// `options`, less sluice's own settings; sorted by name, so that clients asking the same
-/// have equal lists and a pooled connection lent from one to the other needs no `SET`.
-pub fn client_parameters(metadata: &HashMap<String, String>) -> Vec<(String, String)> {
-    let ours = |name: &str| {
-        crate::session::KNOWN_SETTINGS
-            .iter()
-            .any(|k| k.eq_ignore_ascii_case(name))
-    };
-    let mut wanted: Vec<(String, String)> = metadata
-        .iter()
-        .filter(|(name, _)| !NOT_PARAMETERS.contains(&name.as_str()) && !name.starts_with("_pq_."))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .chain(
-            metadata
-                .get("options")
-                .map(|o| crate::session::startup_settings(o))
-                .unwrap_or_default(),
-        )
-        .filter(|(name, _)| !ours(name))
-        .filter(|(name, _)| {
-            !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-        })
-        .collect();
-    // A name given twice (a key and a `-c`) counts once, the `-c` last as PostgreSQL applies it.
-    wanted.reverse();
-    let mut seen = std::collections::HashSet::new();
-    wanted.retain(|(name, _)| seen.insert(name.to_ascii_lowercase()));
-    wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
-    wanted
-}
-
-/// The reported parameters (those PostgreSQL announces with ParameterStatus) a client may
-/// set, followed from the ParameterStatus messages its statements cause so that its `SET`
-/// outlives the connection it ran on (transaction pooling lends each transaction another).
-const FOLLOWED_PARAMETERS: &[&str] = &[
-    "application_name",
-    "client_encoding",
-    "DateStyle",
-    "IntervalStyle",
-    "TimeZone",
-    "standard_conforming_strings",
-    "default_transaction_read_only",
-    "search_path",
-];
-
-/// `wanted` with a ParameterStatus's new value in it, if the parameter is one a client sets.
-fn follow_parameter(wanted: &mut Vec<(String, String)>, frame: &Frame) {
-    let Some((name, value)) = parameter_status(frame) else {
-        return;
-    };
-    if !FOLLOWED_PARAMETERS
-        .iter()
-        .any(|p| p.eq_ignore_ascii_case(&name))
-    {
-        return;
-    }
-    match wanted
-        .iter_mut()
-        .find(|(n, _)| n.eq_ignore_ascii_case(&name))
-    {
-        Some(slot) => slot.1 = value,
-        None => {
-            wanted.push((name, value));
-            wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
-        }
-    }
-}
-
-/// A ParameterStatus's name and value.
-fn parameter_status(frame: &Frame) -> Option<(String, String)> {
-    let name = cstring_at(&frame.body, 0)?;
-    let value = cstring_at(&frame.body, name.end + 1)?;
-    Some((
-        utf8(&frame.body[name])?.to_string(),
-        String::from_utf8_lossy(&frame.body[value]).into_owned(),
-    ))
-}
-
-/// An upstream ErrorResponse as the FATAL it is for a client's start-up (PostgreSQL refuses a
-/// start-up parameter it cannot set with FATAL and closes).
-pub fn fatal_from(frame: &Frame) -> PgWireError {
-    let fields = frame
-        .fields()
-        .into_iter()
-        .map(|(code, value)| match code {
-            b'S' | b'V' => (code, "FATAL".to_string()),
-            _ => (code, value),
-        })
-        .collect();
-    PgWireError::UserError(Box::new(ErrorInfo::from(
-        pgwire::messages::response::ErrorResponse::new(fields),
-    )))
-}
-
 /// The `SET`s that carry a statement's grant to the upstream: its CPU threads as parallel
 /// workers (the master's thread is the leader's), its memory reservation as `work_mem`.
 /// Empty when the grant carries neither; otherwise both, each set or reset, so nothing of
@@ -1929,18 +1569,6 @@ fn upstream_settings(admitted: &Admitted) -> String {
 
 const RESET_WORKERS: &str = "RESET max_parallel_workers_per_gather";
 const RESET_MEMORY: &str = "RESET work_mem";
-
-/// An ErrorResponse's body from its fields.
-fn error_body(fields: &[(u8, String)]) -> bytes::Bytes {
-    let mut body = Vec::new();
-    for (code, value) in fields {
-        body.push(*code);
-        body.extend_from_slice(value.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    body.into()
-}
 
 /// Whether an ErrorResponse is FATAL (or PANIC): the upstream closes the session after it.
 fn is_fatal(frame: &Frame) -> bool {
@@ -1989,7 +1617,7 @@ fn rows_counted(body: &[u8]) -> usize {
 }
 
 /// The message types the connection loop reads whole for a forwarding client, not decoded
-/// ([`crate::wire::Incoming::Raw`]): a simple Query (its text read in place) and the Bind,
+/// ([`crate::frame::Incoming::Raw`]): a simple Query (its text read in place) and the Bind,
 /// Describe, Execute and Sync of every extended-protocol round trip (libpq describes each
 /// portal it executes), passed upstream as they came ([`Forwarder::route_raw`]).
 pub fn passes_whole(tag: u8) -> bool {
@@ -2050,7 +1678,7 @@ fn passes_in_place(tag: u8) -> bool {
 }
 
 /// A backend message whole (type, length, body), to the client: held with the rest of the
-/// answer, or written once [`crate::wire::HOLD_LIMIT`] is held.
+/// answer, or written once [`crate::frame::HOLD_LIMIT`] is held.
 async fn write_message<S, T>(socket: &mut Socket<S, T>, message: &[u8]) -> ClientResult<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
@@ -2125,6 +1753,7 @@ fn error_bytes(e: &Error) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::{UpstreamOptions, UpstreamUrl};
     use pgwire::messages::extendedquery::Bind;
     use pgwire::messages::simplequery::Query as QueryMessage;
     use pgwire::messages::DecodeContext;

@@ -1,24 +1,30 @@
 //! # sluice-server: the Postgres-wire server
 //!
-//! Layout:
-//! - [`serve`]: the accept loop; one [`session::Connection`] (handlers and state) per client;
-//!   a cancel request stops the connection's statement through its `state::Control` (waiting,
-//!   running or forwarded) and through pgwire's connection manager.
-//! - [`wire`]: the message loop over a socket that sends each response in one write.
-//! - [`forward`]: upstream mode, every message that is not sluice's own forwarded to the
-//!   upstream database at the message level, admitted like an engine query.
+//! Layout, top down (a module imports only from those below it; `cargo` sees no circle):
+//! - [`serve`] (here): the accept loop; one [`session::Connection`] (handlers and state) per
+//!   client; a cancel request stops the connection's statement through its `state::Control`
+//!   (waiting, running or forwarded) and through pgwire's connection manager.
+//! - [`wire`]: the connection loop: start-up, then each message to pgwire's handlers or, in
+//!   upstream mode, to the [`forward::Forwarder`].
+//! - [`forward`]: upstream mode's conversation, every message that is not sluice's own
+//!   forwarded at the message level, admitted like an engine query.
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
 //!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY, memory
-//!   and CPU schedulers, rows streamed from the engine.
-//! - [`watch`]: noticing a client that went away while its statement waits or runs.
-//!   [`threads`]: the threads connections run on, one runtime each.
+//!   and CPU schedulers, rows streamed from the engine. [`http`]: `/metrics` and the live page.
+//! - [`operator`] (`KILL`/`MOVE QUERY`, signals), [`page`] (the live page's figures),
+//!   [`system`] (the `system.*` tables), [`record`] (a statement's query-log row and lane
+//!   runs), [`lease`] (CPU slots' leases under `cpu_slot_preemption`), [`demotion`] (the soft
+//!   deadline's timer), [`disk_gate`] (where a statement's file IO waits): each reads the
+//!   shared state.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
-//!   the registry of statements in flight.
-//! - [`disks`]: which disk a file is on, and the gate a statement's file IO waits at.
-//!   [`memory`]: a statement's memory as its workload counts it. [`lease`]: its CPU slots'
-//!   leases under `cpu_slot_preemption` (renewal, downscaling).
-//! - [`system`]: the `system.*` tables. [`encode`]: Arrow results as Postgres rows.
-//!   [`error`]: the one mapping of errors to SQLSTATE and message.
+//!   the registry of statements in flight; it assembles the parts below.
+//! - Below it, knowing nothing of `Shared`: [`upstream`] (its options and pools),
+//!   [`params`] (bind parameters), [`lanes`] (the learned lanes' book), [`query_log`],
+//!   [`metrics`] (the registry of series), [`disks`] (which disk holds a file), [`memory`],
+//!   [`settings`] (query and start-up settings as sluice reads them), [`frame`] (the wire's
+//!   framing: messages read whole, writes batched per response), [`watch`], [`threads`],
+//!   [`auth`], [`encode`] (Arrow results as Postgres rows), [`error`] (the one mapping of
+//!   errors to SQLSTATE and message).
 //!
 //! Invariants:
 //! - Shutdown drains: once it begins no statement starts, waiting ones fail with 57P01, and
@@ -30,17 +36,20 @@
 //! - The server knows engines only through `sluice_engine`'s `Engine` and `Session` traits;
 //!   their work runs on the engine's threads, never on the runtime serving sockets.
 //!
-//! Imports point one way: `session` → `state` → `auth`, `metrics`; `auth` knows a connection
-//! only as a start-up handler with [`auth::StartupOptions`], and `metrics` is served from its
-//! own registry, not from `Shared`.
+//! `auth` knows a connection only as a start-up handler with [`auth::StartupOptions`];
+//! `metrics` is a registry, served by `http`, not read from `Shared`.
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
 pub mod auth;
+pub mod demotion;
+pub mod disk_gate;
 pub mod disks;
 pub mod encode;
 pub mod error;
 pub mod forward;
+pub mod frame;
+pub mod http;
 pub mod lanes;
 pub mod lease;
 pub mod memory;
@@ -51,10 +60,12 @@ pub mod params;
 pub mod query_log;
 pub mod record;
 pub mod session;
+pub mod settings;
 pub mod simulate;
 pub mod state;
 pub mod system;
 pub mod threads;
+pub mod upstream;
 pub mod watch;
 pub mod wire;
 

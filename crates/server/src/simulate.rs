@@ -243,7 +243,7 @@ async fn one(
         end = admitted + limit;
         fate.outcome = Outcome::TimedOut;
     }
-    // Demotions due before it ends, as `lanes::demote_when_due` makes them.
+    // Demotions due before it ends, as `demotion::demote_when_due` makes them.
     while let Some(due) = catalog.lanes(&fate.ended_in).demotion {
         if admitted + due.after >= end {
             break;

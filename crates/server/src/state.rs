@@ -50,7 +50,7 @@ pub struct ServerOptions {
     pub engine_memory_ratio: f64,
     /// `[upstream]` / `--upstream`: statements that are not sluice's own are forwarded there
     /// (`None`: the embedded engine runs them).
-    pub upstream: Option<crate::forward::UpstreamOptions>,
+    pub upstream: Option<crate::upstream::UpstreamOptions>,
     /// `server.connection_threads`: threads client connections run on, a runtime each
     /// ([`crate::threads`]); 0 runs them on the runtime `serve` is called on.
     pub connection_threads: usize,
@@ -369,7 +369,7 @@ pub struct Shared {
     /// `[disks]`, resolved: where IO resources schedule file reads and writes.
     pub disks: crate::disks::Disks,
     /// Upstream mode's database, its pool and parameters.
-    pub upstream: Option<Arc<crate::forward::Upstream>>,
+    pub upstream: Option<Arc<crate::upstream::Upstream>>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -420,7 +420,7 @@ impl Shared {
             upstream: options
                 .upstream
                 .clone()
-                .map(|u| Arc::new(crate::forward::Upstream::new(u))),
+                .map(|u| Arc::new(crate::upstream::Upstream::new(u))),
             users,
             tls,
             tls_cert_pem,

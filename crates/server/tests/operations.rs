@@ -285,7 +285,7 @@ async fn serve_http(server: &TestServer) -> u16 {
         .await
         .expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(sluice_server::metrics::serve_http(
+    tokio::spawn(sluice_server::http::serve_http(
         listener,
         server.shared.clone(),
         std::future::pending(),

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use sluice_sched::Machine;
-use sluice_server::forward::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
+use sluice_server::upstream::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
 use sluice_server::ServerOptions;
 use sluice_testpg::{Auth, Postgres};
 use support::{column, connect, until, until_waiting, TestServer};

@@ -1,0 +1,423 @@
+//! The wire's framing under the connection loop: messages read whole or decoded
+//! ([`Incoming`], [`next_incoming`]), and writes batched per response ([`Corked`]).
+//!
+//! pgwire's handlers flush after ParseComplete, BindComplete, each Describe answer and each
+//! CommandComplete, so an extended-protocol round trip (Parse, Bind, Describe, Execute, Sync)
+//! cost five `send` calls, each waking the client. PostgreSQL sends such a round trip in one:
+//! it flushes when a response is complete (ReadyForQuery), when the client must answer
+//! (authentication, COPY), for asynchronous messages (NOTICE), and before it waits for input.
+//! [`Corked`] does the same under pgwire: it holds back flushes whose last message is one of
+//! a response's middle parts, and always sends what it holds before the connection reads.
+//!
+//! Invariants:
+//! - Nothing is held while the server waits for the client: every read first sends all that
+//!   is held, so no client can wait on an answer the server has not sent.
+//! - A NOTICE (a query waiting for admission says so) and every message that ends a response
+//!   or asks the client for something go out at once.
+//! - At most [`HOLD_LIMIT`] bytes are held; a large result streams as before.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::BytesMut;
+use pgwire::api::{ClientInfo, PgWireConnectionState};
+use pgwire::error::PgWireError;
+use pgwire::messages::PgWireFrontendMessage;
+use pgwire::tokio::server::PgWireMessageServerCodec;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::codec::{Decoder, Framed};
+
+/// Bytes held back at most before they are written anyway.
+pub const HOLD_LIMIT: usize = 64 * 1024;
+
+/// Backend message types that never end a response: a flush right after one of them is held
+/// until the response's end or the next read. ParseComplete, BindComplete, CloseComplete,
+/// RowDescription, NoData, ParameterDescription, DataRow, CommandComplete,
+/// EmptyQueryResponse, PortalSuspended.
+fn is_middle(message_type: u8) -> bool {
+    matches!(
+        message_type,
+        b'1' | b'2' | b'3' | b'T' | b'n' | b't' | b'D' | b'C' | b'I' | b's'
+    )
+}
+
+/// A socket that holds back flushes in the middle of a response (see the module docs).
+pub struct Corked<S> {
+    inner: S,
+    held: Vec<u8>,
+    /// Where the next message header starts in the bytes written so far: `skip` more bytes
+    /// belong to the current message; `header` collects a header split across writes.
+    skip: usize,
+    header: Vec<u8>,
+    /// The type of the last message whose header was written.
+    last_type: Option<u8>,
+}
+
+impl<S> std::fmt::Debug for Corked<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Corked")
+            .field("held", &self.held.len())
+            .field("last_type", &self.last_type.map(char::from))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Corked<S> {
+    pub fn new(inner: S) -> Self {
+        Corked {
+            inner,
+            held: Vec::new(),
+            skip: 0,
+            header: Vec::with_capacity(5),
+            last_type: None,
+        }
+    }
+
+    /// Holds a message (`header`, then `body`) as a write would, without a write's future:
+    /// `false`, and nothing held, when [`HOLD_LIMIT`] is reached (a write sends what is held
+    /// first).
+    pub fn hold(&mut self, header: &[u8], body: &[u8]) -> bool {
+        if self.held.len() >= HOLD_LIMIT {
+            return false;
+        }
+        if self.skip == 0 && self.header.is_empty() && header.len() == 5 {
+            // At a message boundary, with a whole message: nothing to follow through it.
+            debug_assert_eq!(
+                u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize,
+                body.len() + 4
+            );
+            self.last_type = Some(header[0]);
+            self.held.extend_from_slice(header);
+            self.held.extend_from_slice(body);
+            return true;
+        }
+        self.append(header);
+        self.append(body);
+        true
+    }
+
+    /// Adds `buf` to what is held, following its message boundaries.
+    fn append(&mut self, buf: &[u8]) {
+        self.track(buf);
+        self.held.extend_from_slice(buf);
+    }
+
+    /// Follows message boundaries (type byte, then a length that counts itself) through `buf`.
+    fn track(&mut self, mut buf: &[u8]) {
+        while !buf.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(buf.len());
+                self.skip -= n;
+                buf = &buf[n..];
+                continue;
+            }
+            let need = 5 - self.header.len();
+            let n = need.min(buf.len());
+            self.header.extend_from_slice(&buf[..n]);
+            buf = &buf[n..];
+            if self.header.len() == 5 {
+                self.last_type = Some(self.header[0]);
+                let len = u32::from_be_bytes([
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                    self.header[4],
+                ]) as usize;
+                self.skip = len.saturating_sub(4);
+                self.header.clear();
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Corked<S> {
+    /// Writes out everything held, then flushes the socket.
+    fn poll_send_held(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.held.is_empty() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.held))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.held.drain(..n);
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Corked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        // About to wait for the client: it must have every answer first.
+        ready!(self.poll_send_held(cx))?;
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.held.len() >= HOLD_LIMIT {
+            ready!(self.poll_send_held(cx))?;
+        }
+        self.append(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.last_type.is_some_and(is_middle) && self.held.len() < HOLD_LIMIT {
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_send_held(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_send_held(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A client message as the connection loop reads it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Decoded by pgwire's codec.
+    Message(PgWireFrontendMessage),
+    /// Read whole and not decoded: its bytes as the client sent them (type, length, body),
+    /// for the forwarder to pass upstream as they are.
+    Raw(BytesMut),
+}
+
+/// The largest message read whole: pgwire's own bound for the largest messages (a Bind's
+/// parameters, a COPY's data); a message type it bounds lower is bounded so here too.
+const RAW_LIMIT: usize = 0x3fff_fffe;
+const SMALL_RAW_LIMIT: usize = 10_000;
+
+/// How much more is read at a time while a message is incomplete: a hostile length
+/// announces a gigabyte, but only what arrives is ever held.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The client's next message after start-up: whole, as bytes, when `raw` says so of its type,
+/// else decoded by the socket's codec (as `Framed` itself would). `None` when the client is
+/// gone (an end of stream, mid-message or not). Cancel-safe: bytes read stay in the socket's
+/// read buffer, where the next call (or pgwire) finds them.
+pub async fn next_incoming<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+    raw: fn(u8) -> bool,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        if let Some(incoming) = buffered_incoming(socket, raw) {
+            return Some(incoming);
+        }
+        if !read_more(socket).await {
+            return None;
+        }
+    }
+}
+
+/// More bytes into the socket's own read buffer, taken and put back within one poll (so that
+/// dropping this future loses nothing). `false` at the end of the stream or on an error.
+pub(crate) async fn read_more<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let read = std::future::poll_fn(|cx| {
+        let mut bytes = std::mem::take(socket.read_buffer_mut());
+        if bytes.capacity() - bytes.len() < 1024 {
+            bytes.reserve(READ_CHUNK);
+        }
+        let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
+        *socket.read_buffer_mut() = bytes;
+        polled
+    })
+    .await;
+    matches!(read, Ok(n) if n > 0)
+}
+
+/// PostgreSQL's bound on a start-up packet (`MAX_STARTUP_PACKET_LENGTH`).
+pub(crate) const MAX_STARTUP_PACKET: u32 = 10_000;
+
+/// A start-up message (or, during authentication, a password message). Before the start-up
+/// packet, its length is judged as soon as its four bytes are in, as PostgreSQL judges it:
+/// out of bounds (a Terminate, garbage) is an error at once, not a wait for bytes that will
+/// never come.
+pub(crate) async fn next_startup<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    loop {
+        if matches!(socket.state(), PgWireConnectionState::AwaitingStartup) {
+            if let Some(&[a, b, c, d]) = socket.read_buffer().get(..4) {
+                let len = u32::from_be_bytes([a, b, c, d]);
+                if !(8..=MAX_STARTUP_PACKET).contains(&len) {
+                    return Some(Err(PgWireError::InvalidStartupMessage));
+                }
+            }
+        }
+        if let Some(incoming) = buffered_incoming(socket, |_| false) {
+            return Some(incoming);
+        }
+        if !read_more(socket).await {
+            return None;
+        }
+    }
+}
+
+/// The client's next message if its socket has already read it whole (see
+/// [`next_incoming`]), without waiting: a round trip's Bind, Describe, Execute and Sync come
+/// in one read, and only the first of them needs a wait.
+pub fn buffered_incoming<S, T>(
+    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+    raw: fn(u8) -> bool,
+) -> Option<Result<Incoming, PgWireError>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let buffered = socket.read_buffer();
+    let &tag = buffered.first()?;
+    if raw(tag) {
+        if buffered.len() < 5 {
+            return None;
+        }
+        let len = u32::from_be_bytes([buffered[1], buffered[2], buffered[3], buffered[4]]) as usize;
+        let limit = if matches!(tag, b'Q' | b'B' | b'd') {
+            RAW_LIMIT
+        } else {
+            SMALL_RAW_LIMIT
+        };
+        if !(4..=limit).contains(&len) {
+            return Some(Err(PgWireError::MessageTooLarge(limit, len)));
+        }
+        if buffered.len() <= len {
+            return None;
+        }
+        return Some(Ok(Incoming::Raw(
+            socket.read_buffer_mut().split_to(1 + len),
+        )));
+    }
+    // The codec and the bytes are both the socket's: the buffer is lent to it.
+    let mut bytes = std::mem::take(socket.read_buffer_mut());
+    let decoded = socket.codec_mut().decode(&mut bytes);
+    *socket.read_buffer_mut() = bytes;
+    match decoded {
+        Ok(Some(message)) => Some(Ok(Incoming::Message(message))),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(payload.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    #[test]
+    fn tracks_message_types_across_split_writes() {
+        let mut c = Corked::new(tokio::io::sink());
+        let mut bytes = message(b'C', b"SELECT 1\0");
+        bytes.extend(message(b'Z', b"I"));
+        // One byte at a time: headers and payloads split everywhere.
+        for b in &bytes[..bytes.len() - 6] {
+            c.track(std::slice::from_ref(b));
+        }
+        assert_eq!(c.last_type, Some(b'C'));
+        for b in &bytes[bytes.len() - 6..] {
+            c.track(std::slice::from_ref(b));
+        }
+        assert_eq!(c.last_type, Some(b'Z'));
+        // A payload that contains what looks like a header is skipped as payload.
+        c.track(&message(b'D', &message(b'Z', b"I")));
+        assert_eq!(c.last_type, Some(b'D'));
+    }
+
+    #[tokio::test]
+    async fn a_held_message_is_sent_like_a_written_one() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (server, mut client) = tokio::io::duplex(1 << 20);
+        let mut c = Corked::new(server);
+        let row = message(b'D', b"\0\0\0\0");
+        assert!(c.hold(&row[..5], &row[5..]));
+        assert_eq!(c.last_type, Some(b'D'));
+        // A row in the middle of an answer stays held through a flush; the end sends both.
+        c.flush().await.expect("flush");
+        let done = message(b'Z', b"I");
+        assert!(c.hold(&done[..5], &done[5..]));
+        c.flush().await.expect("flush");
+        let mut got = vec![0; row.len() + done.len()];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!(got, [row.clone(), done].concat());
+        // Past the limit nothing more is held: the caller writes (which sends first).
+        c.held = vec![0; HOLD_LIMIT];
+        assert!(!c.hold(&row[..5], &row[5..]));
+        assert_eq!(c.held.len(), HOLD_LIMIT);
+    }
+
+    /// Writes one message and flushes, as pgwire's `send` does.
+    async fn send<S: AsyncRead + AsyncWrite + Unpin>(c: &mut Corked<S>, kind: u8, payload: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        c.write_all(&message(kind, payload)).await.expect("write");
+        c.flush().await.expect("flush");
+    }
+
+    #[tokio::test]
+    async fn holds_middle_flushes_and_sends_before_reading() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (server, mut client) = tokio::io::duplex(1 << 20);
+        let mut corked = Corked::new(server);
+        send(&mut corked, b'1', b"").await;
+        send(&mut corked, b'C', b"SELECT 1\0").await;
+        // Held: nothing has reached the client.
+        let mut probe = [0u8; 64];
+        let wait = std::time::Duration::from_millis(20);
+        let early = tokio::time::timeout(wait, client.read(&mut probe)).await;
+        assert!(early.is_err(), "nothing sent yet");
+        // A NOTICE goes out at once, with all before it.
+        send(&mut corked, b'N', b"x\0").await;
+        let mut got = vec![0u8; 5 + 14 + 7];
+        client.read_exact(&mut got).await.expect("read");
+        assert_eq!((got[0], got[5], got[19]), (b'1', b'C', b'N'));
+        // Held again, then a read sends it before waiting for the client.
+        send(&mut corked, b'2', b"").await;
+        client.write_all(b"!").await.expect("write");
+        let mut one = [0u8; 1];
+        corked.read_exact(&mut one).await.expect("read");
+        let mut bind = [0u8; 5];
+        client.read_exact(&mut bind).await.expect("read");
+        assert_eq!(bind[0], b'2');
+    }
+
+    #[tokio::test]
+    async fn large_results_are_not_held_past_the_limit() {
+        use tokio::io::AsyncReadExt;
+        let (server, mut client) = tokio::io::duplex(1 << 20);
+        let mut corked = Corked::new(server);
+        let row = vec![b'x'; 1000];
+        for _ in 0..(HOLD_LIMIT / 1000 + 2) {
+            send(&mut corked, b'D', &row).await;
+        }
+        let mut first = vec![0u8; HOLD_LIMIT];
+        client
+            .read_exact(&mut first)
+            .await
+            .expect("rows stream out");
+        assert!(corked.held.len() < HOLD_LIMIT);
+    }
+}

@@ -1,0 +1,11 @@
+//! The upstream's side of upstream mode, below the forwarding of messages
+//! ([`crate::forward`]): its options, and its pools of connections with what a client's
+//! start-up asks of them. The server's shared state holds an [`Upstream`]; nothing here knows
+//! a client's conversation.
+
+pub mod options;
+pub mod pools;
+
+pub use options::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
+pub(crate) use pools::follow_parameter;
+pub use pools::{client_parameters, fatal_from, Upstream};

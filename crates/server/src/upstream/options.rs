@@ -1,0 +1,59 @@
+//! `[upstream]` / `--upstream`: the upstream's URL, how its connections are pooled and what
+//! one admission covers.
+
+pub use sluice_engine::upstream::UpstreamUrl;
+
+/// `[upstream]` / `--upstream`.
+#[derive(Debug, Clone)]
+pub struct UpstreamOptions {
+    pub url: UpstreamUrl,
+    /// Connections sluice opens to the upstream at most.
+    pub pool_size: usize,
+    pub pool_mode: PoolMode,
+    pub admission: AdmissionMode,
+}
+
+/// How long a client keeps an upstream connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// From its first forwarded statement to its disconnect (`LISTEN`, session `SET`s,
+    /// prepared statements all work as direct).
+    Session,
+    /// For one transaction (a statement outside one is a transaction of its own).
+    Transaction,
+}
+
+/// What one admission covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionMode {
+    /// Each statement (each simple Query, each extended-protocol batch up to Sync).
+    Statement,
+    /// A whole transaction: the slot is held from its first statement to its end.
+    Transaction,
+}
+
+impl std::str::FromStr for PoolMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "session" => Ok(PoolMode::Session),
+            "transaction" => Ok(PoolMode::Transaction),
+            other => Err(format!(
+                "pool_mode is 'session' or 'transaction', got '{other}'"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for AdmissionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "statement" => Ok(AdmissionMode::Statement),
+            "transaction" => Ok(AdmissionMode::Transaction),
+            other => Err(format!(
+                "admission is 'statement' or 'transaction', got '{other}'"
+            )),
+        }
+    }
+}

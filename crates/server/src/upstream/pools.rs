@@ -1,0 +1,327 @@
+//! The upstream as the server shares it: one pool of connections per database and start-up
+//! parameters, what the upstream announced at start-up, and what a client's start-up asks of
+//! its upstream session (its run-time parameters, checked by PostgreSQL itself).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use pgwire::error::{ErrorInfo, PgWireError};
+use sluice_engine::upstream::{Frame, UpstreamConnection, UpstreamPool, UpstreamUrl};
+use sluice_sql::Error;
+
+use super::options::{AdmissionMode, PoolMode, UpstreamOptions};
+
+/// Which pool serves a client: its database and the run-time parameters of its start-up
+/// (its `application_name` aside: that one is set per lend, so clients that differ only in
+/// their names share connections). Connections are opened with these as their own start-up,
+/// so the session is the client's as going direct (`RESET TimeZone` returns to its start-up
+/// value).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    database: String,
+    parameters: Vec<(String, String)>,
+}
+
+/// Pools kept at most before those holding no connection are forgotten (each client with
+/// start-up parameters of its own may make one).
+const KEPT_POOLS: usize = 64;
+
+/// The upstream, as the server shares it: its pools and what it announced at start-up.
+#[derive(Debug)]
+pub struct Upstream {
+    pub options: UpstreamOptions,
+    /// The URL's own: its database, no client's parameters (the start-up probe's).
+    pub pool: UpstreamPool,
+    /// One pool per [`PoolKey`], each of `pool_size` connections at most.
+    pools: Mutex<HashMap<PoolKey, UpstreamPool>>,
+    /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
+    /// passed on to clients at their start-up so they see the upstream's.
+    parameters: Mutex<Vec<(String, String)>>,
+}
+
+/// Parameters of the upstream a client is told at start-up: those that describe the server
+/// and how it formats values (not the upstream session's user or application name).
+const PASSED_PARAMETERS: &[&str] = &[
+    "server_version",
+    "server_encoding",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "integer_datetimes",
+    "standard_conforming_strings",
+    "default_transaction_read_only",
+    "in_hot_standby",
+];
+
+impl Upstream {
+    pub fn new(options: UpstreamOptions) -> Upstream {
+        Upstream {
+            pool: UpstreamPool::new(options.url.clone(), options.pool_size),
+            pools: Mutex::default(),
+            options,
+            parameters: Mutex::default(),
+        }
+    }
+
+    /// The pool for a client whose start-up says `metadata`: its database (the URL's when it
+    /// names none) and its run-time parameters.
+    pub fn pool_for(&self, metadata: &HashMap<String, String>) -> UpstreamPool {
+        let url = &self.options.url;
+        let key = PoolKey {
+            database: metadata
+                .get("database")
+                .filter(|d| !d.is_empty())
+                .unwrap_or(&url.database)
+                .clone(),
+            parameters: client_parameters(metadata)
+                .into_iter()
+                .filter(|(name, _)| !name.eq_ignore_ascii_case("application_name"))
+                .collect(),
+        };
+        if key.database == url.database && key.parameters.is_empty() {
+            return self.pool.clone();
+        }
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = pools.get(&key) {
+            return pool.clone();
+        }
+        if pools.len() >= KEPT_POOLS {
+            pools.retain(|_, pool| !pool.is_unused());
+        }
+        let pool = UpstreamPool::new(
+            UpstreamUrl {
+                database: key.database.clone(),
+                parameters: key.parameters.clone(),
+                ..url.clone()
+            },
+            self.options.pool_size,
+        );
+        pools.insert(key, pool.clone());
+        pool
+    }
+
+    /// Connects once to learn the upstream's parameters; an upstream that is down is only
+    /// logged (sluice serves its own statements meanwhile, forwarded ones fail fast).
+    pub async fn probe(&self) {
+        match self.pool.checkout().await {
+            Ok(lent) => {
+                self.note_parameters(&lent);
+                tracing::info!(
+                    "upstream {} ({}, {} connections at most, {} pooling, admission per {})",
+                    self.options.url,
+                    lent.parameters
+                        .iter()
+                        .find(|(k, _)| k == "server_version")
+                        .map_or("server version unknown", |(_, v)| v.as_str()),
+                    self.options.pool_size,
+                    match self.options.pool_mode {
+                        PoolMode::Session => "session",
+                        PoolMode::Transaction => "transaction",
+                    },
+                    match self.options.admission {
+                        AdmissionMode::Statement => "statement",
+                        AdmissionMode::Transaction => "transaction",
+                    }
+                );
+            }
+            Err(e) => tracing::warn!("upstream {}: {e}", self.options.url),
+        }
+    }
+
+    pub(crate) fn note_parameters(&self, conn: &UpstreamConnection) {
+        let passed: Vec<_> = conn
+            .parameters
+            .iter()
+            .filter(|(k, _)| PASSED_PARAMETERS.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        *self.parameters.lock().unwrap_or_else(|p| p.into_inner()) = passed;
+    }
+
+    /// What a client whose start-up says `metadata` is told of its session, as PostgreSQL
+    /// would tell it: the upstream's parameters with the client's own in place, each as the
+    /// upstream takes it (`datestyle=german` is reported `German, DMY`). The client's
+    /// parameters are tried on a pooled connection, which then goes back with them set (so
+    /// its first statement needs no `SET`); `Err` is the upstream's refusal of one (an unknown
+    /// name, a bad value), which ends the client's start-up as PostgreSQL's would. While the
+    /// upstream is out of reach or every connection is lent, the values are reported as the
+    /// client gave them, and its first statement's connection is given them.
+    pub async fn session_parameters(
+        &self,
+        metadata: &HashMap<String, String>,
+    ) -> Result<Vec<(String, String)>, Frame> {
+        let wanted = client_parameters(metadata);
+        let mut reported = self.parameters();
+        let pool = self.pool_for(metadata);
+        let tried = if pool.has_room() {
+            match pool.checkout().await {
+                Ok(lent) => Some(lent),
+                // Refused (no such database, a parameter it does not take): the client's
+                // start-up is refused as PostgreSQL refuses it.
+                Err(Error {
+                    upstream: Some(fields),
+                    ..
+                }) => {
+                    return Err(Frame {
+                        tag: b'E',
+                        body: error_body(&fields),
+                    })
+                }
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        let Some(mut lent) = tried else {
+            for (name, value) in &mut reported {
+                if let Some((_, given)) = wanted.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))
+                {
+                    *value = given.clone();
+                }
+            }
+            return Ok(reported);
+        };
+        if reported.is_empty() {
+            self.note_parameters(&lent);
+            reported = self.parameters();
+        }
+        match lent.apply_session(&wanted).await {
+            Ok(None) => {
+                for (name, value) in &mut reported {
+                    if let Some((_, now)) = lent.parameters.iter().find(|(n, _)| n == name) {
+                        *value = now.clone();
+                    }
+                }
+                Ok(reported)
+            }
+            Ok(Some(refused)) => Err(refused),
+            Err(_) => {
+                lent.discard();
+                Ok(reported)
+            }
+        }
+    }
+
+    /// What clients are told at start-up (empty until the upstream was reached once).
+    pub fn parameters(&self) -> Vec<(String, String)> {
+        self.parameters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Start-up keys that are not run-time parameters: the login, the protocol's own, and
+/// `options` (read apart: its `-c` settings are parameters too).
+const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
+
+/// The run-time parameters a client's start-up asks of its session, as PostgreSQL would set
+/// them: every start-up key that is not the login's (`TimeZone`, `DateStyle`, `search_path`,
+/// `extra_float_digits`, `application_name`, `client_encoding`, …) and every `-c` of its
+/// `options`, less sluice's own settings; sorted by name, so that clients asking the same
+/// have equal lists and a pooled connection lent from one to the other needs no `SET`.
+pub fn client_parameters(metadata: &HashMap<String, String>) -> Vec<(String, String)> {
+    let ours = |name: &str| {
+        crate::settings::KNOWN_SETTINGS
+            .iter()
+            .any(|k| k.eq_ignore_ascii_case(name))
+    };
+    let mut wanted: Vec<(String, String)> = metadata
+        .iter()
+        .filter(|(name, _)| !NOT_PARAMETERS.contains(&name.as_str()) && !name.starts_with("_pq_."))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .chain(
+            metadata
+                .get("options")
+                .map(|o| crate::settings::startup_settings(o))
+                .unwrap_or_default(),
+        )
+        .filter(|(name, _)| !ours(name))
+        .filter(|(name, _)| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        })
+        .collect();
+    // A name given twice (a key and a `-c`) counts once, the `-c` last as PostgreSQL applies it.
+    wanted.reverse();
+    let mut seen = std::collections::HashSet::new();
+    wanted.retain(|(name, _)| seen.insert(name.to_ascii_lowercase()));
+    wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
+    wanted
+}
+
+/// The reported parameters (those PostgreSQL announces with ParameterStatus) a client may
+/// set, followed from the ParameterStatus messages its statements cause so that its `SET`
+/// outlives the connection it ran on (transaction pooling lends each transaction another).
+const FOLLOWED_PARAMETERS: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "standard_conforming_strings",
+    "default_transaction_read_only",
+    "search_path",
+];
+
+/// `wanted` with a ParameterStatus's new value in it, if the parameter is one a client sets.
+pub(crate) fn follow_parameter(wanted: &mut Vec<(String, String)>, frame: &Frame) {
+    let Some((name, value)) = parameter_status(frame) else {
+        return;
+    };
+    if !FOLLOWED_PARAMETERS
+        .iter()
+        .any(|p| p.eq_ignore_ascii_case(&name))
+    {
+        return;
+    }
+    match wanted
+        .iter_mut()
+        .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+    {
+        Some(slot) => slot.1 = value,
+        None => {
+            wanted.push((name, value));
+            wanted.sort_by_key(|(name, _)| name.to_ascii_lowercase());
+        }
+    }
+}
+
+/// A ParameterStatus's name and value.
+fn parameter_status(frame: &Frame) -> Option<(String, String)> {
+    let mut parts = frame.body.split(|&b| b == 0);
+    let name = std::str::from_utf8(parts.next()?).ok()?.to_string();
+    let value = String::from_utf8_lossy(parts.next()?).into_owned();
+    Some((name, value))
+}
+
+/// An upstream ErrorResponse as the FATAL it is for a client's start-up (PostgreSQL refuses a
+/// start-up parameter it cannot set with FATAL and closes).
+pub fn fatal_from(frame: &Frame) -> PgWireError {
+    let fields = frame
+        .fields()
+        .into_iter()
+        .map(|(code, value)| match code {
+            b'S' | b'V' => (code, "FATAL".to_string()),
+            _ => (code, value),
+        })
+        .collect();
+    PgWireError::UserError(Box::new(ErrorInfo::from(
+        pgwire::messages::response::ErrorResponse::new(fields),
+    )))
+}
+
+/// An ErrorResponse's body from its fields.
+fn error_body(fields: &[(u8, String)]) -> bytes::Bytes {
+    let mut body = Vec::new();
+    for (code, value) in fields {
+        body.push(*code);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    body.into()
+}
