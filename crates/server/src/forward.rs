@@ -246,6 +246,10 @@ pub enum Step {
     Query {
         text: String,
         pieces: Vec<Piece>,
+        /// The message as the client sent it, when its text is not UTF-8 (a `client_encoding`
+        /// other than UTF8): `text` is read from it for routing and admission, and these
+        /// bytes go upstream untouched.
+        raw: Option<BytesMut>,
     },
     Parse {
         name: String,
@@ -504,6 +508,7 @@ impl Forwarder {
                 Some(pieces) => Step::Query {
                     text: q.query,
                     pieces,
+                    raw: None,
                 },
                 None => return Routed::Local(PgWireFrontendMessage::Query(q)),
             },
@@ -640,15 +645,19 @@ impl Forwarder {
                     return RoutedRaw::Malformed;
                 };
                 let text = &body[..end];
-                let text = match std::str::from_utf8(text) {
-                    Ok(text) => std::borrow::Cow::Borrowed(text),
-                    Err(_) => String::from_utf8_lossy(text),
+                let (text, utf8) = match std::str::from_utf8(text) {
+                    Ok(text) => (std::borrow::Cow::Borrowed(text), true),
+                    Err(_) => (String::from_utf8_lossy(text), false),
                 };
                 match query_pieces(&text) {
-                    Some(pieces) => RoutedRaw::Upstream(Step::Query {
-                        text: text.into_owned(),
-                        pieces,
-                    }),
+                    Some(pieces) => {
+                        let text = text.into_owned();
+                        RoutedRaw::Upstream(Step::Query {
+                            text,
+                            pieces,
+                            raw: (!utf8).then_some(frame),
+                        })
+                    }
                     None => RoutedRaw::Local(frame),
                 }
             }
@@ -787,8 +796,9 @@ impl Forwarder {
         T: Clone + Send + Sync + 'static,
     {
         match step {
-            Step::Query { text, pieces } => {
-                self.simple_query(text, pieces, socket, connection).await
+            Step::Query { text, pieces, raw } => {
+                self.simple_query(text, pieces, raw, socket, connection)
+                    .await
             }
             Step::Sync => self.run_batch(socket, connection, true).await,
             Step::Flush => self.run_batch(socket, connection, false).await,
@@ -810,6 +820,7 @@ impl Forwarder {
         &mut self,
         text: String,
         pieces: Vec<Piece>,
+        raw: Option<BytesMut>,
         socket: &mut Socket<S, T>,
         connection: &Connection,
     ) -> ClientResult<()>
@@ -822,6 +833,9 @@ impl Forwarder {
             // What goes upstream, encoded from the texts at hand (none copied).
             let mut out = std::mem::take(&mut self.spare_out);
             match pieces.as_slice() {
+                // Not UTF-8: the client's bytes, as they came (its encoding is the upstream's
+                // to read; a SETTINGS tail in it is not cut).
+                _ if raw.is_some() => out.extend_from_slice(raw.as_deref().unwrap_or_default()),
                 [(_, Some(f))] => encode_query(&f.sql, &mut out),
                 _ if pieces.iter().all(|(at, f)| {
                     f.as_ref()
@@ -1190,6 +1204,13 @@ impl Forwarder {
             // copied once, with no frame taken apart and no future (most of an answer).
             if let Some(message) = lent.peek_message().filter(|m| passes_in_place(m[0])) {
                 let tag = message[0];
+                // Every prepared statement of the session dropped (transaction pooling: the
+                // client's names and what this connection holds of sluice's are forgotten,
+                // as PostgreSQL forgets them).
+                let drops_prepared = tag == b'C'
+                    && message.get(5) == Some(&b'D')
+                    && self.upstream.options.pool_mode == PoolMode::Transaction
+                    && drops_prepared(&message[5..]);
                 let shown = if tag == b'Z' {
                     // A sluice message of this batch that failed left pgwire waiting for the
                     // Sync; the upstream's ReadyForQuery answers that Sync.
@@ -1220,6 +1241,10 @@ impl Forwarder {
                 }
                 let len = message.len();
                 lent.pass(len);
+                if drops_prepared {
+                    lent.prepared.clear();
+                    self.statements.clear();
+                }
                 if tag == b'Z' {
                     answers.pop_front();
                     got_ready = true;
@@ -1588,6 +1613,12 @@ fn session_ended() -> std::io::Error {
     )
 }
 
+/// Whether a CommandComplete's tag says every prepared statement of the session is gone
+/// (`DEALLOCATE ALL`, `DISCARD ALL`).
+fn drops_prepared(tag: &[u8]) -> bool {
+    tag.starts_with(b"DEALLOCATE ALL\0") || tag.starts_with(b"DISCARD ALL\0")
+}
+
 /// An ErrorResponse's SQLSTATE.
 fn sqlstate(frame: &Frame) -> String {
     frame
@@ -1872,7 +1903,7 @@ mod tests {
     fn a_query_read_whole_is_routed_on_its_text() {
         let mut f = forwarder();
         let text = |routed: RoutedRaw| match routed {
-            RoutedRaw::Upstream(Step::Query { text, pieces }) => (text, pieces.len()),
+            RoutedRaw::Upstream(Step::Query { text, pieces, .. }) => (text, pieces.len()),
             other => panic!("{other:?}"),
         };
         assert_eq!(

@@ -1301,3 +1301,104 @@ async fn sessions_end_as_postgres_ends_them() {
     // Others are served on.
     assert_eq!(column(&s.through().await, "SELECT 1").await, ["1"]);
 }
+
+/// Issue 36, defect 4: a client whose `client_encoding` is not UTF-8 (psql with
+/// `PGCLIENTENCODING=LATIN9`) gets its bytes through untouched, both ways: `SELECT '€'` in
+/// LATIN9 (the byte 0xA4) comes back as 0xA4, as going direct, in both pooling modes.
+#[tokio::test]
+async fn a_client_encoding_other_than_utf8_passes_untouched() {
+    use std::os::unix::ffi::OsStrExt;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let s = setup(mode, 2).await;
+        let run = |port: u16| {
+            let mut command = std::process::Command::new("psql");
+            command
+                .args(["-X", "-A", "-t", "-c"])
+                .arg(std::ffi::OsStr::from_bytes(
+                    b"SELECT '\xa4' AS euro, length('\xa4\xa4')",
+                ))
+                .arg(format!(
+                    "host=127.0.0.1 port={port} user=owner password=owner-pw dbname=shop"
+                ))
+                .env("PGCLIENTENCODING", "LATIN9");
+            async move {
+                tokio::task::spawn_blocking(move || command.output())
+                    .await
+                    .expect("psql's thread")
+                    .expect("psql runs")
+            }
+        };
+        let direct = run(s.pg.port).await;
+        let through = run(s.server.port).await;
+        assert_eq!(
+            direct.stdout,
+            b"\xa4|2\n",
+            "{:?}",
+            String::from_utf8_lossy(&direct.stderr)
+        );
+        assert_eq!(
+            through.stdout,
+            direct.stdout,
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&through.stderr)
+        );
+    }
+}
+
+/// Issue 36, defect 4 in transaction pooling: `DEALLOCATE ALL` (and `DISCARD ALL`) drops the
+/// client's prepared statements as PostgreSQL drops them — a statement used after it inside the
+/// same transaction fails as it fails going direct (26000, the client's own name), not on
+/// sluice's pooled name — and statements prepared afterwards work.
+#[tokio::test]
+async fn deallocate_all_drops_the_clients_statements_as_going_direct() {
+    let s = setup(PoolMode::Transaction, 1).await;
+    let direct = s.direct().await;
+    let through = s.through().await;
+    let mut outcomes = Vec::new();
+    for client in [&direct, &through] {
+        let sum = client.prepare("SELECT $1::int + 1").await.expect("prepare");
+        let n: i32 = client.query_one(&sum, &[&1i32]).await.expect("run").get(0);
+        assert_eq!(n, 2);
+        client
+            .batch_execute("BEGIN; DEALLOCATE ALL")
+            .await
+            .expect("deallocate");
+        let gone = client
+            .query_one(&sum, &[&1i32])
+            .await
+            .map(|_| ())
+            .expect_err("deallocated");
+        client.batch_execute("ROLLBACK").await.expect("rollback");
+        let again = client.prepare("SELECT $1::int + 2").await.expect("again");
+        let n: i32 = client
+            .query_one(&again, &[&1i32])
+            .await
+            .expect("rerun")
+            .get(0);
+        assert_eq!(n, 3);
+        client.batch_execute("DISCARD ALL").await.expect("discard");
+        let after = client
+            .prepare("SELECT $1::int + 3")
+            .await
+            .expect("after discard");
+        let n: i32 = client
+            .query_one(&after, &[&1i32])
+            .await
+            .expect("after")
+            .get(0);
+        assert_eq!(n, 4);
+        // tokio-postgres numbers its statements across clients: the name, without its number.
+        let said = describe_error(&gone);
+        let unnumbered = match said.split_once("statement \"s") {
+            Some((head, rest)) => format!(
+                "{head}statement \"s{}",
+                rest.trim_start_matches(|c: char| c.is_ascii_digit())
+            ),
+            None => said.clone(),
+        };
+        outcomes.push((said, unnumbered));
+    }
+    assert_eq!(outcomes[1].1, outcomes[0].1);
+    let outcomes: Vec<String> = outcomes.into_iter().map(|(said, _)| said).collect();
+    assert!(outcomes[0].contains("26000"), "{}", outcomes[0]);
+}
