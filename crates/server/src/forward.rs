@@ -49,7 +49,7 @@ use sluice_sql::{ClientStatement, Error, Query, StatementKind};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
-use crate::frame::{next_incoming, Corked, Incoming};
+use crate::frame::{messages, next_incoming, Corked, Incoming};
 use crate::record::RunRecord;
 use crate::session::{Admitted, Connection, StatementMemo};
 use crate::upstream::{client_parameters, follow_parameter, AdmissionMode, PoolMode, Upstream};
@@ -442,7 +442,7 @@ pub struct Forwarder {
     in_batch: bool,
     running: Option<Running>,
     /// The status of the upstream's last ReadyForQuery.
-    status: u8,
+    status: TransactionStatus,
     /// The last exchange's answer held an error.
     last_failed: bool,
     /// The pool of the client's database and start-up parameters ([`Upstream::pool_for`]),
@@ -458,7 +458,7 @@ impl std::fmt::Debug for Forwarder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Forwarder")
             .field("lent", &self.lent.is_some())
-            .field("status", &(self.status as char))
+            .field("status", &self.status)
             .finish_non_exhaustive()
     }
 }
@@ -487,7 +487,7 @@ impl Forwarder {
             failed: Failed::No,
             in_batch: false,
             running: None,
-            status: b'I',
+            status: TransactionStatus::Idle,
             last_failed: false,
             pool: None,
             wanted: None,
@@ -745,7 +745,7 @@ impl Forwarder {
                 if let Some(lent) = self.lent.take() {
                     lent.discard();
                 }
-                self.status = b'I';
+                self.status = TransactionStatus::Idle;
                 socket.set_transaction_status(TransactionStatus::Idle);
                 Ok(())
             }
@@ -983,7 +983,7 @@ impl Forwarder {
         self.pending = steps;
         lent.dirty |= dirty;
         if sync {
-            out.extend_from_slice(&SYNC);
+            out.extend_from_slice(&messages::SYNC);
             answers.push_back(Expect::relay(Ends::Ready));
             self.failed = Failed::No;
         } else {
@@ -1131,7 +1131,7 @@ impl Forwarder {
         T: Clone + Send + Sync + 'static,
     {
         self.settled();
-        write_raw(socket, &[b'Z', 0, 0, 0, 5, self.status]).await?;
+        write_raw(socket, &messages::ready_for_query(self.status)).await?;
         socket.get_mut().flush().await
     }
 
@@ -1139,7 +1139,7 @@ impl Forwarder {
     /// 'transaction'`, only outside a transaction), and in transaction pooling the
     /// connection goes back to the pool outside a transaction.
     fn settled(&mut self) {
-        let outside = self.status == b'I';
+        let outside = self.status == TransactionStatus::Idle;
         if outside || self.upstream.options.admission == AdmissionMode::Statement {
             let failed = self.last_failed;
             if let Some(mut running) = self.running.take() {
@@ -1193,7 +1193,7 @@ impl Forwarder {
                 ..
             }) = answers.front()
             {
-                write_raw(socket, &[*tag, 0, 0, 0, 4]).await?;
+                write_raw(socket, &messages::bodiless(*tag)).await?;
                 answers.pop_front();
             }
             let Some(head) = answers.front().cloned() else {
@@ -1220,12 +1220,9 @@ impl Forwarder {
                     ) {
                         socket.set_state(pgwire::api::PgWireConnectionState::ReadyForQuery);
                     }
-                    self.status = message.get(5).copied().unwrap_or(b'I');
-                    socket.set_transaction_status(match self.status {
-                        b'T' => TransactionStatus::Transaction,
-                        b'E' => TransactionStatus::Error,
-                        _ => TransactionStatus::Idle,
-                    });
+                    self.status =
+                        messages::transaction_status(message.get(5).copied().unwrap_or(b'I'));
+                    socket.set_transaction_status(self.status);
                     matches!(head.answer, Answer::Relay(_))
                 } else {
                     if tag == b'C' {
@@ -1462,12 +1459,12 @@ impl Forwarder {
         self.last_failed = true;
         self.failed = Failed::No;
         self.in_batch = false;
-        self.status = b'I';
+        self.status = TransactionStatus::Idle;
         socket.set_transaction_status(TransactionStatus::Idle);
         self.end_running(Some(&e));
         write_raw(socket, &error_bytes(&e)).await?;
         if ready {
-            write_raw(socket, &[b'Z', 0, 0, 0, 5, b'I']).await?;
+            write_raw(socket, &messages::ready_for_query(TransactionStatus::Idle)).await?;
         }
         socket.get_mut().flush().await
     }
@@ -1506,7 +1503,7 @@ fn translate(
             *dirty |= prepared.forwarded.changes_session;
             if pooled && !name.is_empty() {
                 if !ensure(&prepared, Answer::Relay(Ends::One), lent, out, answers) {
-                    answers.push_back(Expect::new(Answer::Synthetic(b'1')));
+                    answers.push_back(Expect::new(Answer::Synthetic(messages::PARSE_COMPLETE)));
                 }
             } else {
                 encode(&prepared.parse(&name), out);
@@ -1560,7 +1557,7 @@ fn translate(
             if pooled && !name.is_empty() {
                 // Pooled statements are shared: the client's name is forgotten, the
                 // statement stays.
-                answers.push_back(Expect::new(Answer::Synthetic(b'3')));
+                answers.push_back(Expect::new(Answer::Synthetic(messages::CLOSE_COMPLETE)));
             } else {
                 encode(&Close::new(TARGET_TYPE_BYTE_STATEMENT, Some(name)), out);
                 answers.push_back(Expect::relay(Ends::One));
@@ -1730,9 +1727,6 @@ where
     SinkExt::<PgWireBackendMessage>::flush(socket).await?;
     socket.get_mut().write_all(bytes).await
 }
-
-/// A Sync message, whole.
-const SYNC: [u8; 5] = [b'S', 0, 0, 0, 4];
 
 /// The most a connection keeps of a batch's buffer for the next one.
 const KEEP_AT_MOST: usize = 64 * 1024;

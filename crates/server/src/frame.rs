@@ -28,6 +28,40 @@ use pgwire::tokio::server::PgWireMessageServerCodec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::codec::{Decoder, Framed};
 
+/// Messages sluice writes itself, whole (type byte, length word, body): each built in one
+/// place instead of spelled as bytes where it is sent.
+pub mod messages {
+    use pgwire::messages::response::TransactionStatus;
+
+    /// ReadyForQuery with the transaction's status.
+    pub fn ready_for_query(status: TransactionStatus) -> [u8; 6] {
+        [b'Z', 0, 0, 0, 5, status as u8]
+    }
+
+    /// A message without a body: ParseComplete (`1`), BindComplete (`2`), CloseComplete
+    /// (`3`), NoData (`n`), a frontend Sync (`S`), …
+    pub const fn bodiless(tag: u8) -> [u8; 5] {
+        [tag, 0, 0, 0, 4]
+    }
+
+    /// The frontend's Sync.
+    pub const SYNC: [u8; 5] = bodiless(b'S');
+
+    /// ParseComplete's type byte.
+    pub const PARSE_COMPLETE: u8 = b'1';
+    /// CloseComplete's type byte.
+    pub const CLOSE_COMPLETE: u8 = b'3';
+
+    /// The transaction status a ReadyForQuery's status byte says (anything unknown is idle).
+    pub fn transaction_status(byte: u8) -> TransactionStatus {
+        match byte {
+            b'T' => TransactionStatus::Transaction,
+            b'E' => TransactionStatus::Error,
+            _ => TransactionStatus::Idle,
+        }
+    }
+}
+
 /// Bytes held back at most before they are written anyway.
 pub const HOLD_LIMIT: usize = 64 * 1024;
 
@@ -225,23 +259,23 @@ where
 
 /// More bytes into the socket's own read buffer, taken and put back within one poll (so that
 /// dropping this future loses nothing). `false` at the end of the stream or on an error.
-pub(crate) async fn read_more<S, T>(
-    socket: &mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
-) -> bool
+/// A plain poll function, not an `async fn`: the read of every round trip awaits it, and a
+/// nested state machine would cost each one.
+pub(crate) fn read_more<'a, S, T>(
+    socket: &'a mut Framed<Corked<S>, PgWireMessageServerCodec<T>>,
+) -> impl std::future::Future<Output = bool> + 'a
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let read = std::future::poll_fn(|cx| {
+    std::future::poll_fn(move |cx| {
         let mut bytes = std::mem::take(socket.read_buffer_mut());
         if bytes.capacity() - bytes.len() < 1024 {
             bytes.reserve(READ_CHUNK);
         }
         let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
         *socket.read_buffer_mut() = bytes;
-        polled
+        polled.map(|read| matches!(read, Ok(n) if n > 0))
     })
-    .await;
-    matches!(read, Ok(n) if n > 0)
 }
 
 /// PostgreSQL's bound on a start-up packet (`MAX_STARTUP_PACKET_LENGTH`).
