@@ -1402,3 +1402,43 @@ async fn deallocate_all_drops_the_clients_statements_as_going_direct() {
     let outcomes: Vec<String> = outcomes.into_iter().map(|(said, _)| said).collect();
     assert!(outcomes[0].contains("26000"), "{}", outcomes[0]);
 }
+
+/// The pools of one upstream (one per database and start-up parameters) lend from the same
+/// `pool_size`: a client that brings start-up parameters of its own waits for a connection
+/// like any other, it does not open one past the bound.
+#[tokio::test]
+async fn pools_of_other_parameters_share_the_pool_size() {
+    let s = setup(PoolMode::Transaction, 1).await;
+    let port = s.server.port;
+    let zoned = |zone: &str| {
+        format!("host=127.0.0.1 port={port} user=tester dbname=shop options='-c TimeZone={zone}'")
+    };
+    let pst = s.server.client_with(&zoned("PST8PDT")).await;
+    let tokyo = s.server.client_with(&zoned("Asia/Tokyo")).await;
+    pst.batch_execute("BEGIN; SELECT 1").await.expect("begin");
+    let mut waiting = tokio::spawn(async move {
+        column(
+            &tokyo,
+            "SELECT current_setting('TimeZone') /* tokyo waits */",
+        )
+        .await
+    });
+    // Admitted (listed), so at its pool, where it must wait for pst's transaction.
+    let watcher = s.through().await;
+    until(
+        &watcher,
+        "SELECT count(*) FROM system.processes WHERE query LIKE '%tokyo waits%' AND query NOT LIKE '%system.%'",
+        "1",
+    )
+    .await;
+    // Still waiting a while later (a statement given a connection of its own would have
+    // answered in a millisecond; this can only fail when it is not held back).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut waiting)
+            .await
+            .is_err(),
+        "the one connection the pool size allows is pst's until its transaction ends"
+    );
+    pst.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(waiting.await.expect("tokyo ran"), ["Asia/Tokyo"]);
+}

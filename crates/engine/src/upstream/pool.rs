@@ -89,6 +89,25 @@ impl UpstreamPool {
         }
     }
 
+    /// A pool for `url` whose lent connections count against `other`'s: the two share its
+    /// slots, so the pools of one upstream (one per database and start-up parameters) lend at
+    /// most `other`'s size of connections at once between them.
+    pub fn sharing(url: UpstreamUrl, other: &UpstreamPool) -> UpstreamPool {
+        UpstreamPool {
+            inner: Arc::new(Inner {
+                url,
+                slots: other.inner.slots.clone(),
+                size: other.inner.size,
+                idle: Mutex::new(Vec::new()),
+                health: Mutex::new(Health {
+                    retry_at: None,
+                    backoff: FIRST_BACKOFF,
+                    last_error: None,
+                }),
+            }),
+        }
+    }
+
     pub fn url(&self) -> &UpstreamUrl {
         &self.inner.url
     }
@@ -98,9 +117,10 @@ impl UpstreamPool {
         self.inner.slots.available_permits() > 0
     }
 
-    /// Whether it holds no connection, idle or lent (so it may be forgotten).
+    /// Whether this handle is the pool's only one and it holds no connection, idle or lent
+    /// (a lent connection holds the pool): it may be forgotten.
     pub fn is_unused(&self) -> bool {
-        self.inner.slots.available_permits() == self.inner.size && self.idle() == 0
+        Arc::strong_count(&self.inner) == 1 && self.idle() == 0
     }
 
     /// Connections open now, idle in the pool.

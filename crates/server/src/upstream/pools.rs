@@ -32,7 +32,8 @@ pub struct Upstream {
     pub options: UpstreamOptions,
     /// The URL's own: its database, no client's parameters (the start-up probe's).
     pub pool: UpstreamPool,
-    /// One pool per [`PoolKey`], each of `pool_size` connections at most.
+    /// One pool per [`PoolKey`]; all of them (and `pool`) lend from the same `pool_size`
+    /// slots.
     pools: Mutex<HashMap<PoolKey, UpstreamPool>>,
     /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
     /// passed on to clients at their start-up so they see the upstream's.
@@ -89,13 +90,16 @@ impl Upstream {
         if pools.len() >= KEPT_POOLS {
             pools.retain(|_, pool| !pool.is_unused());
         }
-        let pool = UpstreamPool::new(
+        // Every pool lends from the same `pool_size` slots: however many start-up parameter
+        // sets clients bring, the upstream serves at most that many of sluice's statements at
+        // once.
+        let pool = UpstreamPool::sharing(
             UpstreamUrl {
                 database: key.database.clone(),
                 parameters: key.parameters.clone(),
                 ..url.clone()
             },
-            self.options.pool_size,
+            &self.pool,
         );
         pools.insert(key, pool.clone());
         pool
