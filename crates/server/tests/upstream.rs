@@ -1032,23 +1032,8 @@ async fn malformed_messages_read_whole_end_only_their_connection() {
 /// `psql -X -A -t` at `port` as the shop's owner with `env` (PGTZ, PGDATESTYLE, …): what it
 /// printed on stdout, or its error from `FATAL:` on (the part that is the server's).
 async fn psql_at(port: u16, env: &[(&str, &str)], sql: &str) -> String {
-    let mut command = std::process::Command::new("psql");
-    command
-        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .arg(format!(
-            "host=127.0.0.1 port={port} user=owner password=owner-pw dbname=shop"
-        ))
-        .env_remove("PGOPTIONS")
-        .env_remove("PGTZ")
-        .env_remove("PGDATESTYLE");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    // Off the test's runtime: the server under test answers on it.
-    let out = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("psql's thread")
-        .expect("psql runs (the machine's PostgreSQL client)");
+    let conn = format!("host=127.0.0.1 port={port} user=owner password=owner-pw dbname=shop");
+    let out = support::psql(&conn, env, sql).await;
     if out.status.success() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     } else {
@@ -1441,4 +1426,35 @@ async fn pools_of_other_parameters_share_the_pool_size() {
     );
     pst.batch_execute("COMMIT").await.expect("commit");
     assert_eq!(waiting.await.expect("tokyo ran"), ["Asia/Tokyo"]);
+}
+
+/// Clients that each bring a start-up parameter set of their own (one pool each) cannot pile
+/// up idle upstream connections: past 64 pools, those no client holds are dropped with their
+/// idle connections.
+#[tokio::test]
+async fn pools_nobody_holds_do_not_pile_up_connections() {
+    let s = setup(PoolMode::Session, 4).await;
+    let port = s.server.port;
+    for i in 0..80 {
+        let client = s
+            .server
+            .client_with(&format!(
+                "host=127.0.0.1 port={port} user=tester dbname=shop options='-c search_path=s{i}'"
+            ))
+            .await;
+        assert_eq!(column(&client, "SHOW search_path").await, [format!("s{i}")]);
+    }
+    let direct = s.direct().await;
+    let open: i64 = direct
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'shop' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert!(
+        open <= 66,
+        "{open} upstream connections for 80 clients gone"
+    );
 }

@@ -612,23 +612,10 @@ async fn query_settings_are_read_as_clickhouse_reads_them() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
-/// `psql -X -A -t` at `port` with `env`: stdout, or stderr when it failed; and stderr.
+/// `psql -X -A -t` at `port` with `env`: its stdout and its stderr.
 async fn psql_with(port: u16, env: &[(&str, &str)], sql: &str) -> (String, String) {
-    let mut command = std::process::Command::new("psql");
-    command
-        .args(["-X", "-A", "-t", "-c", sql])
-        .arg(format!("host=127.0.0.1 port={port} user=tester dbname=any"))
-        .env_remove("PGTZ")
-        .env_remove("PGDATESTYLE")
-        .env_remove("PGOPTIONS");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    // Off the test's runtime: the server under test answers on it.
-    let out = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .expect("psql's thread")
-        .expect("psql runs (the machine's PostgreSQL client)");
+    let conn = format!("host=127.0.0.1 port={port} user=tester dbname=any");
+    let out = psql(&conn, env, sql).await;
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

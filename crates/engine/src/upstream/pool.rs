@@ -117,10 +117,11 @@ impl UpstreamPool {
         self.inner.slots.available_permits() > 0
     }
 
-    /// Whether this handle is the pool's only one and it holds no connection, idle or lent
-    /// (a lent connection holds the pool): it may be forgotten.
-    pub fn is_unused(&self) -> bool {
-        Arc::strong_count(&self.inner) == 1 && self.idle() == 0
+    /// Whether this handle is the pool's only one: no client holds the pool and none of its
+    /// connections is lent (a lent connection holds it). Dropped then, the pool closes its
+    /// idle connections.
+    pub fn is_held_only_here(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
     }
 
     /// Connections open now, idle in the pool.

@@ -22,8 +22,8 @@ pub struct PoolKey {
     parameters: Vec<(String, String)>,
 }
 
-/// Pools kept at most before those holding no connection are forgotten (each client with
-/// start-up parameters of its own may make one).
+/// Pools kept before those no client holds are dropped with their idle connections (each
+/// client with start-up parameters of its own may make one).
 const KEPT_POOLS: usize = 64;
 
 /// The upstream, as the server shares it: its pools and what it announced at start-up.
@@ -87,8 +87,10 @@ impl Upstream {
         if let Some(pool) = pools.get(&key) {
             return pool.clone();
         }
+        // Pools no client holds go (their idle connections closed), so clients that each
+        // bring a parameter set of their own cannot pile up idle upstream connections.
         if pools.len() >= KEPT_POOLS {
-            pools.retain(|_, pool| !pool.is_unused());
+            pools.retain(|_, pool| !pool.is_held_only_here());
         }
         // Every pool lends from the same `pool_size` slots: however many start-up parameter
         // sets clients bring, the upstream serves at most that many of sluice's statements at

@@ -220,3 +220,23 @@ pub fn message(e: &tokio_postgres::Error) -> String {
         .map(|d| d.message().to_string())
         .unwrap_or_else(|| e.to_string())
 }
+
+/// `psql -X -A -t -v ON_ERROR_STOP=1 -c sql` at `conn` (a libpq connection string) with `env`
+/// (PGTZ, PGDATESTYLE, PGOPTIONS, … unset unless given), run off the test's runtime: the
+/// server under test answers on it.
+pub async fn psql(conn: &str, env: &[(&str, &str)], sql: &str) -> std::process::Output {
+    let mut command = std::process::Command::new("psql");
+    command
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .arg(conn)
+        .env_remove("PGOPTIONS")
+        .env_remove("PGTZ")
+        .env_remove("PGDATESTYLE");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("psql's thread")
+        .expect("psql runs (the machine's PostgreSQL client)")
+}
