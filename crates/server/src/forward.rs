@@ -1594,12 +1594,12 @@ const RESET_MEMORY: &str = "RESET work_mem";
 
 /// Whether an ErrorResponse is FATAL (or PANIC): the upstream closes the session after it.
 fn is_fatal(frame: &Frame) -> bool {
-    frame
-        .fields()
-        .into_iter()
-        .find(|(k, _)| *k == b'V')
-        .or_else(|| frame.fields().into_iter().find(|(k, _)| *k == b'S'))
-        .is_some_and(|(_, severity)| severity == "FATAL" || severity == "PANIC")
+    // `V` is the severity unlocalized; `S` (localized) stands in for it on servers before 9.6.
+    let fields = frame.fields();
+    let severity = |code: u8| fields.iter().find(|(k, _)| *k == code).map(|(_, v)| v);
+    severity(b'V')
+        .or_else(|| severity(b'S'))
+        .is_some_and(|severity| severity == "FATAL" || severity == "PANIC")
 }
 
 /// How a client's connection ends when the upstream ended its session.
