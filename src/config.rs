@@ -43,6 +43,17 @@ pub struct UpstreamConfig {
     pub admission: Option<String>,
     /// Seconds to wait for a connection to the upstream [default: the URL's, else 10].
     pub connect_timeout: Option<f64>,
+    /// Clients log in as the upstream's roles, with their passwords: `true` (PgBouncer's
+    /// query on `pg_shadow`) or the SQL that reads a role's SCRAM verifier (`$1` its name).
+    pub auth_query: Option<AuthQueryConfig>,
+}
+
+/// `auth_query = true` or `auth_query = "SELECT …"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum AuthQueryConfig {
+    On(bool),
+    Sql(String),
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -395,7 +395,7 @@ fn serve(
     runtime.block_on(async move {
         let shared =
             sluice_server::Shared::open(options.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
-        sluice_server::auth::check_listen(&addr, &shared.users)
+        sluice_server::auth::check_listen(&addr, &shared.logins)
             .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -464,6 +464,7 @@ fn upstream_options(
         pool_size: 20,
         pool_mode: sluice_server::upstream::PoolMode::Session,
         admission: sluice_server::upstream::AdmissionMode::Statement,
+        auth_query: None,
     };
     let Some(c) = config else {
         return Ok(Some(default));
@@ -490,6 +491,20 @@ fn upstream_options(
         admission: match &c.admission {
             Some(m) => m.parse().map_err(|e| anyhow::anyhow!("upstream.{e}"))?,
             None => default.admission,
+        },
+        auth_query: match &c.auth_query {
+            None | Some(config::AuthQueryConfig::On(false)) => None,
+            Some(config::AuthQueryConfig::On(true)) => {
+                Some(sluice_server::upstream::DEFAULT_AUTH_QUERY.to_string())
+            }
+            Some(config::AuthQueryConfig::Sql(sql)) => {
+                if !sql.contains("$1") {
+                    anyhow::bail!(
+                        "upstream.auth_query: the query must name the role as $1, got {sql:?}"
+                    );
+                }
+                Some(sql.clone())
+            }
         },
     }))
 }

@@ -159,7 +159,8 @@ fn psql_over_tls_with_scram_users() {
     let out = psql("ops", "wrong", "SELECT 1");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("Password authentication failed"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("password authentication failed for user \"ops\""),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

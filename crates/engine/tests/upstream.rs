@@ -81,11 +81,18 @@ async fn the_upstream_wire_keeps_what_postgres_says() {
             .expect_err("an unknown database"),
         "3D000",
     );
-    refused(
-        UpstreamConnection::connect(&url(&pg, "owner", None, "sales"))
-            .await
-            .expect_err("no password"),
-        "asks for a password",
+    // No password for a role the upstream asks one of: refused as PostgreSQL refuses a
+    // wrong one (28P01), saying why.
+    let e = UpstreamConnection::connect(&url(&pg, "owner", None, "sales"))
+        .await
+        .expect_err("no password");
+    assert_eq!(e.code, ErrorCode::AuthenticationFailed, "{e}");
+    assert!(e.message.contains("asks sluice for a password"), "{e}");
+    assert!(
+        e.upstream
+            .as_ref()
+            .is_some_and(|f| f.contains(&(b'C', "28P01".to_string()))),
+        "{e:?}"
     );
     let nobody = UpstreamUrl::parse(&format!(
         "postgres://owner@127.0.0.1:{}/x?sslmode=disable",

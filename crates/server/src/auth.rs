@@ -1,5 +1,8 @@
-//! Who may connect and what they may do: `[[users]]` with SCRAM-SHA-256 verifiers, the trust
-//! mode for loopback when no users are configured, TLS, and each user's workload rules.
+//! Who may connect and what they may do: `[[users]]` with SCRAM-SHA-256 verifiers (and, in
+//! upstream mode with `auth_query`, the upstream's roles with theirs), the trust mode for
+//! loopback when there are neither, TLS, and each user's workload rules. A SCRAM login also
+//! yields the role's keys ([`ScramKeys`]), which upstream mode logs in with as the client's
+//! role.
 //!
 //! Invariants:
 //! - No password is ever stored or logged: a user carries a Postgres-format SCRAM verifier
@@ -17,16 +20,22 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use futures::Sink;
-use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
-use pgwire::api::auth::sasl::SASLAuthStartupHandler;
+use futures::{Sink, SinkExt};
+use pgwire::api::auth::driver::{AuthDriver, AuthOutcome};
+use pgwire::api::auth::mechanism::{AuthMechanism, AuthState};
+use pgwire::api::auth::sasl::scram::{
+    gen_salted_password, ScramSecret, ScramServerAuth, ScramServerAuthWaitingForClientFinal,
+};
+use pgwire::api::auth::sasl::{SCRAM_SHA_256_METHOD, SCRAM_SHA_256_PLUS_METHOD};
 use pgwire::api::auth::{
-    AuthSource, DefaultServerParameterProvider, LoginInfo, Password, ServerParameterProvider,
+    protocol_negotiation, save_startup_parameters_to_metadata, DefaultServerParameterProvider,
     StartupHandler,
 };
-use pgwire::api::{ClientInfo, ConnectionManager, METADATA_USER};
-use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::api::{ClientInfo, METADATA_USER};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::startup::{Authentication, PasswordMessageFamily};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use sluice_engine::upstream::ScramKeys;
 use sluice_sql::{Error, ErrorCode, Result};
 
 /// The iteration count of verifiers `sluice passwd` makes (Postgres' default).
@@ -189,16 +198,11 @@ impl Users {
     pub fn get(&self, name: &str) -> Option<&User> {
         self.by_name.get(name).map(|(u, _)| u)
     }
-
-    /// Whether `name` may run workload DDL: everyone in trust mode, else admins.
-    pub fn is_admin(&self, name: &str) -> bool {
-        self.is_empty() || self.get(name).is_some_and(|u| u.admin)
-    }
 }
 
 /// Refuses to serve every client without a password beyond this machine.
-pub fn check_listen(addr: &SocketAddr, users: &Users) -> Result<()> {
-    if users.is_empty() && !addr.ip().is_loopback() {
+pub fn check_listen(addr: &SocketAddr, logins: &Logins) -> Result<()> {
+    if !logins.required() && !addr.ip().is_loopback() {
         return Err(Error::new(
             ErrorCode::BadArguments,
             format!(
@@ -236,120 +240,281 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// The users as pgwire's SCRAM mechanism asks for them: verifiers only.
-#[derive(Debug)]
-struct VerifierSource(Arc<Users>);
+/// Where a login's SCRAM verifier comes from besides `[[users]]`: in upstream mode with
+/// `auth_query`, the upstream's own `pg_authid` (PgBouncer's way), so a client logs in with its
+/// PostgreSQL password and its statements run upstream as its role.
+#[async_trait]
+pub trait VerifierLookup: Send + Sync {
+    /// The role's SCRAM verifier as `pg_authid.rolpassword` holds it; `Ok(None)` when there
+    /// is no such role or no password (or not a SCRAM one).
+    async fn scram_verifier(&self, role: &str) -> Result<Option<String>>;
+}
+
+/// How clients log in: against `[[users]]`, then the upstream's roles (`auth_query`); with
+/// neither, every client is trusted (loopback only, see [`check_listen`]).
+pub struct Logins {
+    pub users: Arc<Users>,
+    pub upstream: Option<Arc<dyn VerifierLookup>>,
+}
+
+impl Debug for Logins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logins")
+            .field("users", &self.users)
+            .field("upstream", &self.upstream.is_some())
+            .finish()
+    }
+}
+
+impl Logins {
+    /// Whether a client must prove a password (else every client is trusted).
+    pub fn required(&self) -> bool {
+        !self.users.is_empty() || self.upstream.is_some()
+    }
+
+    /// Whether `name` may run workload DDL: everyone in trust mode, else the `[[users]]`
+    /// marked `admin` (an upstream role is never one by its upstream rights alone).
+    pub fn is_admin(&self, name: &str) -> bool {
+        !self.required() || self.users.get(name).is_some_and(|u| u.admin)
+    }
+
+    /// `user`'s verifier: its `[[users]]` entry's, else the upstream's.
+    async fn verifier(&self, user: &str) -> Result<Option<Verifier>> {
+        if let Some((_, v)) = self.users.by_name.get(user) {
+            return Ok(Some(v.clone()));
+        }
+        let Some(upstream) = &self.upstream else {
+            return Ok(None);
+        };
+        Ok(match upstream.scram_verifier(user).await? {
+            Some(text) => match parse_verifier(&text) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    // An MD5 or plain password: sluice logs clients in with SCRAM only.
+                    tracing::info!(
+                        user,
+                        "login refused: the role's upstream password is not a SCRAM-SHA-256 verifier (set password_encryption = 'scram-sha-256' and set the password again)"
+                    );
+                    None
+                }
+            },
+            None => None,
+        })
+    }
+}
+
+/// One client's SCRAM-SHA-256 login, checked by pgwire's SCRAM server, which also reveals the
+/// role's keys ([`ScramKeys`]): with them sluice logs in upstream as the client's role.
+struct ScramLogin {
+    logins: Arc<Logins>,
+    server: ScramServerAuth,
+    names: Vec<String>,
+    waiting: Option<WaitingForProof>,
+}
+
+/// Between the server-first message and the client's proof.
+struct WaitingForProof {
+    exchange: ScramServerAuthWaitingForClientFinal,
+    verifier: Verifier,
+    client_first_bare: String,
+    server_first: String,
+}
+
+impl ScramLogin {
+    /// SCRAM-SHA-256; over TLS with a certificate, SCRAM-SHA-256-PLUS as well (channel
+    /// binding: a client that uses it knows no one in the middle relayed its login). Never
+    /// PLUS without TLS: libpq refuses a server that offers it there.
+    fn new(logins: Arc<Logins>, cert_pem: Option<&[u8]>) -> ScramLogin {
+        let mut server = ScramServerAuth::new();
+        let mut names = vec![SCRAM_SHA_256_METHOD.to_owned()];
+        // Checked once at start (`channel_binding_cert`); cannot fail here.
+        if let Some(pem) = cert_pem {
+            if server.configure_certificate(pem).is_ok() {
+                names.push(SCRAM_SHA_256_PLUS_METHOD.to_owned());
+            }
+        }
+        ScramLogin {
+            logins,
+            server,
+            names,
+            waiting: None,
+        }
+    }
+}
+
+fn scram_message(why: &str) -> PgWireError {
+    PgWireError::InvalidScramMessage(why.to_owned())
+}
 
 #[async_trait]
-impl AuthSource for VerifierSource {
-    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        // Only SCRAM is offered, which asks for the verifier below; there is no password.
-        Err(PgWireError::InvalidPassword(
-            login.user().unwrap_or_default().to_owned(),
-        ))
+impl AuthMechanism<ScramKeys> for ScramLogin {
+    async fn begin(
+        &mut self,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> PgWireResult<AuthState<ScramKeys>> {
+        Ok(AuthState::InProgress(Authentication::SASL(
+            self.names.clone(),
+        )))
     }
 
-    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
-        let user = login.user().unwrap_or_default();
-        let Some((_, v)) = self.0.by_name.get(user) else {
-            tracing::info!(user, "login refused: no such user");
-            return Err(PgWireError::InvalidPassword(user.to_owned()));
+    async fn next(
+        &mut self,
+        client: &(dyn ClientInfo + Send + Sync),
+        message: PasswordMessageFamily,
+    ) -> PgWireResult<AuthState<ScramKeys>> {
+        let Some(waiting) = self.waiting.take() else {
+            let initial = message.into_sasl_initial_response()?;
+            if !self.names.contains(&initial.auth_method) {
+                return Err(PgWireError::UnsupportedSASLAuthMethod(initial.auth_method));
+            }
+            let data = initial
+                .data
+                .ok_or_else(|| scram_message("Empty client-first"))?;
+            let user = client
+                .metadata()
+                .get(METADATA_USER)
+                .cloned()
+                .unwrap_or_default();
+            let verifier = match self.logins.verifier(&user).await {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    tracing::info!(user, "login refused: no such user");
+                    return Err(PgWireError::InvalidPassword(user));
+                }
+                Err(e) => {
+                    tracing::warn!(user, "login refused: {e}");
+                    return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                        "FATAL".to_owned(),
+                        e.sqlstate().to_owned(),
+                        e.to_string(),
+                    ))));
+                }
+            };
+            let secret = ScramSecret::Verifier {
+                salt: verifier.salt.clone(),
+                iterations: verifier.iterations,
+                stored_key: verifier.stored_key.clone(),
+                server_key: verifier.server_key.clone(),
+            };
+            let (server_first, exchange) = self
+                .server
+                .on_client_first_message_with_secret(&data, secret)?;
+            // gs2-header = cbind-flag "," [authzid] "," — the bare message follows it.
+            let client_first_bare = std::str::from_utf8(&data)
+                .ok()
+                .and_then(|text| text.splitn(3, ',').nth(2))
+                .ok_or_else(|| scram_message("client-first has no gs2 header"))?
+                .to_owned();
+            self.waiting = Some(WaitingForProof {
+                exchange,
+                verifier,
+                client_first_bare,
+                server_first: server_first.clone(),
+            });
+            return Ok(AuthState::InProgress(Authentication::SASLContinue(
+                server_first.into(),
+            )));
         };
-        Ok((
-            ScramSecret::Verifier {
-                salt: v.salt.clone(),
-                iterations: v.iterations,
-                stored_key: v.stored_key.clone(),
-                server_key: v.server_key.clone(),
-            },
-            None,
-        ))
+        let response = message.into_sasl_response()?;
+        // pgwire checks the proof (and channel binding); then the same proof gives the keys.
+        let server_final = waiting.exchange.on_client_final_message(&response.data)?;
+        let keys = std::str::from_utf8(&response.data)
+            .ok()
+            .and_then(|text| text.rsplit_once(",p="))
+            .and_then(|(without_proof, proof)| {
+                let proof = STANDARD.decode(proof).ok()?;
+                let auth_message = format!(
+                    "{},{},{without_proof}",
+                    waiting.client_first_bare, waiting.server_first
+                );
+                ScramKeys::from_proof(
+                    &waiting.verifier.stored_key,
+                    &waiting.verifier.server_key,
+                    auth_message.as_bytes(),
+                    &proof,
+                )
+            });
+        Ok(AuthState::Ok {
+            final_message: Some(Authentication::SASLFinal(server_final.into())),
+            identity: keys,
+        })
     }
 }
 
-/// The start-up of one connection: SCRAM when users are configured, else trust (loopback
-/// only, see [`check_listen`]); then the connection's start-up options.
+/// The start-up of one connection: SCRAM when logins are required, else trust (loopback
+/// only, see [`check_listen`]); then the connection's own start-up (its parameters, its
+/// upstream session), which is the trust path's whole.
 pub struct Startup<T> {
-    /// Kept until the first message says whether the connection is TLS.
-    scram: Option<ScramSetup>,
-    sasl: std::sync::OnceLock<SASLAuthStartupHandler<Parameters>>,
-    /// The connection: its trust start-up, and where the start-up options go.
-    connection: Arc<T>,
-}
-
-/// What a connection does with its start-up parameters (`options=-c workload=x`).
-pub trait StartupOptions {
-    fn apply_startup_options(&self, metadata: &std::collections::HashMap<String, String>);
-    /// Start-up parameters announced besides pgwire's defaults (replacing them by name).
-    fn server_parameters(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
-}
-
-/// pgwire's start-up parameters, with a connection's own in place of them by name.
-#[derive(Debug)]
-pub struct Parameters(pub Vec<(String, String)>);
-
-impl ServerParameterProvider for Parameters {
-    fn server_parameters<C>(&self, client: &C) -> Option<std::collections::HashMap<String, String>>
-    where
-        C: ClientInfo,
-    {
-        let mut all = DefaultServerParameterProvider::default().server_parameters(client)?;
-        for (name, value) in &self.0 {
-            all.insert(name.clone(), value.clone());
-        }
-        Some(all)
-    }
-}
-
-struct ScramSetup {
-    users: Arc<Users>,
+    /// `None`: every client is trusted.
+    logins: Option<Arc<Logins>>,
     tls_cert_pem: Option<Arc<Vec<u8>>>,
-    manager: Arc<ConnectionManager>,
+    driver: AuthDriver<DefaultServerParameterProvider, ScramKeys>,
+    /// The client's start-up packet, kept for the connection's start-up once the client has
+    /// proven its password.
+    startup: std::sync::Mutex<Option<pgwire::messages::startup::Startup>>,
+    /// The connection: its start-up once the login is done.
+    connection: Arc<T>,
 }
 
 impl<T> Debug for Startup<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Startup")
-            .field("scram", &self.scram.is_some())
+            .field("logins", &self.logins)
             .finish_non_exhaustive()
     }
 }
 
-impl<T: StartupOptions> Startup<T> {
+impl<T: StartupHandler> Startup<T> {
     pub fn new(
-        users: &Arc<Users>,
+        logins: &Arc<Logins>,
         tls_cert_pem: Option<Arc<Vec<u8>>>,
         connection: Arc<T>,
-        manager: Arc<ConnectionManager>,
     ) -> Startup<T> {
         Startup {
-            scram: (!users.is_empty()).then(|| ScramSetup {
-                users: users.clone(),
-                tls_cert_pem,
-                manager,
-            }),
-            sasl: std::sync::OnceLock::new(),
+            logins: logins.required().then(|| logins.clone()),
+            tls_cert_pem,
+            driver: AuthDriver::new(DefaultServerParameterProvider::default()),
+            startup: std::sync::Mutex::new(None),
             connection,
         }
     }
 
-    /// SCRAM-SHA-256; over TLS with a certificate, SCRAM-SHA-256-PLUS as well (channel
-    /// binding: a client that uses it knows no one in the middle relayed its login). Never
-    /// PLUS without TLS: libpq refuses a server that offers it there.
-    fn sasl(&self, secure: bool) -> Option<&SASLAuthStartupHandler<Parameters>> {
-        let setup = self.scram.as_ref()?;
-        Some(self.sasl.get_or_init(|| {
-            let mut scram = ScramAuth::new(Arc::new(VerifierSource(setup.users.clone())));
-            if let Some(pem) = setup.tls_cert_pem.as_ref().filter(|_| secure) {
-                // Checked once at start (`channel_binding_cert`); cannot fail here.
-                let _ = scram.configure_certificate(pem);
-            }
-            SASLAuthStartupHandler::new(Arc::new(Parameters(self.connection.server_parameters())))
-                .with_scram(scram)
-                .with_connection_manager(setup.manager.clone())
-        }))
+    /// The login is done: the SCRAM server-final message, then the connection's own start-up
+    /// (AuthenticationOk, its parameters, ReadyForQuery), with the role's keys kept in the
+    /// client's session for its upstream connections.
+    async fn logged_in<C>(
+        &self,
+        client: &mut C,
+        keys: Option<ScramKeys>,
+        final_message: Option<Authentication>,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let Some(keys) = keys {
+            client.session_extensions().insert(keys);
+        }
+        if let Some(message) = final_message {
+            client
+                .feed(PgWireBackendMessage::Authentication(message))
+                .await?;
+        }
+        let saved = self
+            .startup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or(PgWireError::InvalidSASLState)?;
+        // The version negotiated already, so the connection's start-up negotiates nothing.
+        let mut startup = pgwire::messages::startup::Startup::new();
+        (startup.protocol_number_major, startup.protocol_number_minor) =
+            client.protocol_version().version_number();
+        startup.parameters = saved.parameters;
+        self.connection
+            .on_startup(client, PgWireFrontendMessage::Startup(startup))
+            .await
     }
 }
 
@@ -358,8 +523,7 @@ impl<T: StartupOptions> Startup<T> {
 /// says why).
 pub fn channel_binding_cert(cert: &Path) -> Option<Arc<Vec<u8>>> {
     let pem = std::fs::read(cert).ok()?;
-    let mut probe = ScramAuth::new(Arc::new(VerifierSource(Arc::default())));
-    match probe.configure_certificate(&pem) {
+    match ScramServerAuth::new().configure_certificate(&pem) {
         Ok(()) => Some(Arc::new(pem)),
         Err(e) => {
             tracing::warn!(
@@ -374,7 +538,7 @@ pub fn channel_binding_cert(cert: &Path) -> Option<Arc<Vec<u8>>> {
 #[async_trait]
 impl<T> StartupHandler for Startup<T>
 where
-    T: StartupHandler + StartupOptions + Send + Sync,
+    T: StartupHandler + Send + Sync,
 {
     async fn on_startup<C>(
         &self,
@@ -386,31 +550,47 @@ where
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        match self.sasl(client.is_secure()) {
-            None => self.connection.on_startup(client, message).await,
-            Some(sasl) => {
-                let is_startup = matches!(message, PgWireFrontendMessage::Startup(_));
-                sasl.on_startup(client, message)
+        let Some(logins) = &self.logins else {
+            return self.connection.on_startup(client, message).await;
+        };
+        let outcome = match message {
+            PgWireFrontendMessage::Startup(startup) => {
+                protocol_negotiation(client, &startup).await?;
+                save_startup_parameters_to_metadata(client, &startup);
+                *self.startup.lock().unwrap_or_else(|p| p.into_inner()) = Some(startup);
+                let cert = self.tls_cert_pem.as_deref().filter(|_| client.is_secure());
+                let login = ScramLogin::new(logins.clone(), cert.map(Vec::as_slice));
+                self.driver
+                    .begin_authentication(client, Box::new(login))
                     .await
-                    .map_err(|e| match e {
-                        // libpq leaves the SCRAM user name empty (the start-up message has it),
-                        // so pgwire's message would say user "".
-                        PgWireError::InvalidPassword(name) if name.is_empty() => {
-                            PgWireError::InvalidPassword(
-                                client
-                                    .metadata()
-                                    .get(METADATA_USER)
-                                    .cloned()
-                                    .unwrap_or_default(),
-                            )
-                        }
-                        e => e,
-                    })?;
-                if is_startup {
-                    self.connection.apply_startup_options(client.metadata());
-                }
-                Ok(())
             }
+            PgWireFrontendMessage::PasswordMessageFamily(message) => {
+                self.driver.advance_authentication(client, message).await
+            }
+            _ => return Ok(()),
+        };
+        match outcome {
+            Ok(AuthOutcome::InProgress) => Ok(()),
+            Ok(AuthOutcome::Authenticated {
+                identity,
+                final_message,
+            }) => self.logged_in(client, identity, final_message).await,
+            // PostgreSQL's words, whatever the reason (a wrong password, no such role: a
+            // client cannot tell them apart, as going direct). libpq leaves the SCRAM user name
+            // empty (the start-up message has it), so the start-up's name is the one told.
+            Err(PgWireError::InvalidPassword(_)) => {
+                let user = client
+                    .metadata()
+                    .get(METADATA_USER)
+                    .cloned()
+                    .unwrap_or_default();
+                Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "FATAL".to_owned(),
+                    "28P01".to_owned(),
+                    format!("password authentication failed for user \"{user}\""),
+                ))))
+            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -449,14 +629,22 @@ mod tests {
             ..user("root", &v)
         }])
         .expect("valid");
-        assert!(users.is_admin("root"));
-        assert!(!users.is_admin("ann"));
-        assert!(Users::default().is_admin("anyone"));
+        let logins = |users: Users| Logins {
+            users: Arc::new(users),
+            upstream: None,
+        };
+        assert!(logins(users).is_admin("root"));
+        assert!(!logins(Users::new(vec![user("ann", &v)]).expect("valid")).is_admin("ann"));
+        assert!(logins(Users::default()).is_admin("anyone"));
     }
 
     #[test]
     fn trust_mode_stays_on_loopback() {
-        let none = Users::default();
+        let logins = |users: Users| Logins {
+            users: Arc::new(users),
+            upstream: None,
+        };
+        let none = logins(Users::default());
         assert!(check_listen(&"127.0.0.1:6543".parse().expect("addr"), &none).is_ok());
         assert!(check_listen(&"[::1]:6543".parse().expect("addr"), &none).is_ok());
         let e = check_listen(&"0.0.0.0:6543".parse().expect("addr"), &none).expect_err("open");
@@ -465,7 +653,7 @@ mod tests {
             "{e}"
         );
         let v = make_verifier("x").expect("verifier");
-        let some = Users::new(vec![user("ann", &v)]).expect("valid");
+        let some = logins(Users::new(vec![user("ann", &v)]).expect("valid"));
         assert!(check_listen(&"0.0.0.0:6543".parse().expect("addr"), &some).is_ok());
     }
 }

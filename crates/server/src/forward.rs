@@ -44,7 +44,7 @@ use pgwire::messages::extendedquery::{
 use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::{Message, PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::PgWireMessageServerCodec;
-use sluice_engine::upstream::{Frame, Lent, UpstreamPool};
+use sluice_engine::upstream::{Frame, Lent, ScramKeys, UpstreamPool};
 use sluice_sql::{ClientStatement, Error, Query, StatementKind};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
@@ -694,6 +694,28 @@ impl Forwarder {
         }
     }
 
+    /// Takes the upstream backend a session-pooled client was given at start-up (its pid is
+    /// the client's, [`crate::upstream::SessionBackend`]): the client's statements run there
+    /// from the first, and what the upstream says while the client is idle reaches it.
+    pub fn adopt<C: ClientInfo>(&mut self, client: &C) {
+        let Some(mut lent) = client
+            .session_extensions()
+            .get::<crate::upstream::SessionBackend>()
+            .and_then(|backend| backend.take())
+        else {
+            return;
+        };
+        self.pool = Some(self.upstream.pool_for(
+            client.metadata(),
+            client.session_extensions().get::<ScramKeys>().as_deref(),
+        ));
+        // Its start-up parameters are set (`Upstream::start_session`); what the client changes
+        // is followed from here, as for a connection lent at a first statement.
+        lent.dirty = true;
+        self.wanted = Some(client_parameters(client.metadata()));
+        self.lent = Some(lent);
+    }
+
     /// Completes with what the upstream sends on a connection this client holds while the
     /// client is idle (session pooling: a `NOTIFY` for a `LISTEN`, a notice, a parameter's new
     /// value, or the connection's end); never when no connection is held or a batch is open.
@@ -732,6 +754,30 @@ impl Forwarder {
                 }
                 write_frame(socket, &frame).await?;
                 socket.get_mut().flush().await?;
+                Err(session_ended())
+            }
+            // Session pooling: the backend was the client's session (its pid the client's),
+            // so the session ends with it, as going direct.
+            other if self.upstream.options.pool_mode == PoolMode::Session => {
+                tracing::info!(
+                    "upstream connection of an idle client ended ({}); so does the client's session",
+                    match &other {
+                        Ok(frame) => format!("'{}' message", frame.tag as char),
+                        Err(e) => e.to_string(),
+                    }
+                );
+                if let Some(lent) = self.lent.take() {
+                    lent.discard();
+                }
+                let e = Error::new(
+                    sluice_sql::ErrorCode::AllConnectionTriesFailed,
+                    "the upstream connection of this session ended",
+                );
+                let fatal =
+                    ErrorInfo::new("FATAL".to_owned(), e.sqlstate().to_owned(), e.to_string());
+                socket
+                    .send(PgWireBackendMessage::ErrorResponse(fatal.into()))
+                    .await?;
                 Err(session_ended())
             }
             other => {
@@ -1038,9 +1084,12 @@ impl Forwarder {
             }
         }
         if self.lent.is_none() {
-            let pool = self
-                .pool
-                .get_or_insert_with(|| self.upstream.pool_for(socket.metadata()));
+            let pool = self.pool.get_or_insert_with(|| {
+                self.upstream.pool_for(
+                    socket.metadata(),
+                    socket.session_extensions().get::<ScramKeys>().as_deref(),
+                )
+            });
             match pool.checkout().await {
                 Ok(mut lent) => {
                     if self.upstream.parameters().is_empty() {
@@ -1831,6 +1880,7 @@ mod tests {
             pool_size: 1,
             pool_mode: PoolMode::Session,
             admission: AdmissionMode::Statement,
+            auth_query: None,
         })))
     }
 

@@ -59,7 +59,7 @@ pub async fn serve_http(
                 .strip_prefix("GET ")
                 .and_then(|rest| rest.split(' ').next())
                 .map(|p| p.split('?').next().unwrap_or(p));
-            let authorized = shared.users.is_empty()
+            let authorized = !shared.logins.required()
                 || text
                     .lines()
                     .filter_map(|l| l.split_once(':'))

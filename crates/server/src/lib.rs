@@ -36,7 +36,7 @@
 //! - The server knows engines only through `sluice_engine`'s `Engine` and `Session` traits;
 //!   their work runs on the engine's threads, never on the runtime serving sockets.
 //!
-//! `auth` knows a connection only as a start-up handler with [`auth::StartupOptions`];
+//! `auth` knows a connection only as the start-up handler it hands a logged-in client to;
 //! `metrics` is a registry, served by `http`, not read from `Shared`.
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
@@ -207,10 +207,9 @@ pub async fn serve(
                     });
                     let handlers = Arc::new(Handlers {
                         startup: Arc::new(Startup::new(
-                            &shared.users,
+                            &shared.logins,
                             shared.tls_cert_pem.clone(),
                             connection.clone(),
-                            manager.clone(),
                         )),
                         connection,
                         cancel,

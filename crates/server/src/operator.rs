@@ -67,7 +67,7 @@ pub async fn matching(
             });
         }
     }
-    if !shared.users.is_admin(user) {
+    if !shared.logins.is_admin(user) {
         let mut others: Vec<&str> = out
             .iter()
             .filter(|m| m.user != user)
@@ -163,7 +163,7 @@ pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> R
         .into_iter()
         .filter(|p| p.pid == Some(pid))
         .collect();
-    if !shared.users.is_admin(by) {
+    if !shared.logins.is_admin(by) {
         if let Some(p) = mine.iter().find(|p| *p.user != *by) {
             return Err(Error::new(
                 ErrorCode::AccessDenied,

@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt, Stream, StreamExt};
-use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::auth::{
+    protocol_negotiation, save_startup_parameters_to_metadata, DefaultServerParameterProvider,
+    ServerParameterProvider, StartupHandler,
+};
 use pgwire::api::copy::send_copy_out_response;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{
@@ -37,11 +40,15 @@ use pgwire::api::results::{
 };
 use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, Type, METADATA_USER};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
+    PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type, METADATA_USER,
+};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::copy::CopyData;
 use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
-use pgwire::messages::startup::ParameterStatus;
+use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
+use pgwire::messages::startup::{Authentication, BackendKeyData, ParameterStatus};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::datafusion::arrow::array::StringArray;
 use sluice_engine::datafusion::arrow::datatypes::{DataType, Field, Schema};
@@ -53,7 +60,6 @@ use sluice_sql::{
     TransactionControl,
 };
 
-use crate::auth::StartupOptions;
 use crate::encode;
 use crate::error::to_pg;
 use crate::params;
@@ -492,7 +498,7 @@ impl Connection {
         }
         match statement {
             ClientStatement::Workload(stmt) => {
-                if !self.shared.users.is_admin(user) {
+                if !self.shared.logins.is_admin(user) {
                     return Err(Error::new(
                         ErrorCode::AccessDenied,
                         format!("{user}: Not enough privileges. To change workloads and resources, the user needs admin = true in [[users]]"),
@@ -531,7 +537,7 @@ impl Connection {
                 crate::operator::signal_backend(&self.shared, user, pid, terminate)?,
             )),
             ClientStatement::Fingerprint { id, workload } => {
-                if !self.shared.users.is_admin(user) {
+                if !self.shared.logins.is_admin(user) {
                     return Err(Error::new(
                         ErrorCode::AccessDenied,
                         format!("{user}: Not enough privileges. To pin or forget fingerprints, the user needs admin = true in [[users]]"),
@@ -1715,60 +1721,119 @@ impl Connection {
     }
 }
 
-#[async_trait]
-impl NoopStartupHandler for Connection {
-    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
-        Some(self.manager.clone())
-    }
+/// Process ids sluice gives clients that have no upstream backend of their own (the embedded
+/// engine, transaction pooling): from 2^22 up, above every pid Linux hands out, so that none
+/// is also an upstream backend's pid, which session pooling gives its clients.
+static SLUICE_PIDS: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1 << 22);
 
-    async fn post_startup<C>(
+#[async_trait]
+impl StartupHandler for Connection {
+    /// A trusted client's start-up, or a logged-in one's (`auth::Startup` hands it here):
+    /// the start-up options, the session's parameters as the engine or the upstream takes
+    /// them, the process id, then AuthenticationOk, ParameterStatus, BackendKeyData and
+    /// ReadyForQuery, as PostgreSQL sends them. In session pooling the client's upstream
+    /// backend is taken now, and its pid is the client's: BackendKeyData, `pg_backend_pid()`
+    /// and a notification's sender all say the same pid, as going direct.
+    async fn on_startup<C>(
         &self,
         client: &mut C,
-        _message: PgWireFrontendMessage,
+        message: PgWireFrontendMessage,
     ) -> PgWireResult<()>
     where
-        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        let PgWireFrontendMessage::Startup(startup) = message else {
+            return Ok(());
+        };
+        protocol_negotiation(client, &startup).await?;
+        save_startup_parameters_to_metadata(client, &startup);
         self.apply_startup_options(client.metadata());
         // In upstream mode the client sees the upstream's parameters (its server_version
         // above all: psql and drivers choose their catalog queries by it), with its own
         // start-up parameters in place as the upstream took them.
-        let (parameters, warnings) = match &self.shared.upstream {
-            Some(upstream) => (
-                upstream
-                    .session_parameters(client.metadata())
+        let (parameters, warnings, backend) = match &self.shared.upstream {
+            Some(upstream) => {
+                let keys = client
+                    .session_extensions()
+                    .get::<sluice_engine::upstream::ScramKeys>();
+                let keep = upstream.options.pool_mode == crate::upstream::PoolMode::Session;
+                let (parameters, backend) = upstream
+                    .start_session(client.metadata(), keys.as_deref(), keep)
                     .await
-                    .map_err(|refused| crate::upstream::fatal_from(&refused))?,
-                Vec::new(),
-            ),
-            None => self.embedded_start().await.map_err(|e| {
-                PgWireError::UserError(Box::new(ErrorInfo::new(
-                    "FATAL".to_owned(),
-                    e.sqlstate().to_owned(),
-                    e.to_string(),
-                )))
-            })?,
+                    .map_err(|refused| crate::upstream::fatal_from(&refused))?;
+                (parameters, Vec::new(), backend)
+            }
+            None => {
+                let (parameters, warnings) = self.embedded_start().await.map_err(|e| {
+                    PgWireError::UserError(Box::new(ErrorInfo::new(
+                        "FATAL".to_owned(),
+                        e.sqlstate().to_owned(),
+                        e.to_string(),
+                    )))
+                })?;
+                (parameters, warnings, None)
+            }
         };
-        for warning in warnings {
-            let info = ErrorInfo::new("WARNING".to_owned(), "01000".to_owned(), warning);
+        let (_, secret) = RandomPidSecretKeyGenerator::default().generate(client);
+        let pid = backend
+            .as_ref()
+            .and_then(|b| b.backend_pid())
+            .unwrap_or_else(|| SLUICE_PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        client.set_pid_and_secret_key(pid, secret.clone());
+        let (handle, guard) = self.manager.register(pid, secret.clone());
+        client
+            .session_extensions()
+            .insert::<Arc<ConnectionHandle>>(handle);
+        client.session_extensions().insert::<ConnectionGuard>(guard);
+        if let Some(backend) = backend {
             client
-                .feed(PgWireBackendMessage::NoticeResponse(info.into()))
-                .await?;
+                .session_extensions()
+                .insert(crate::upstream::SessionBackend::new(backend));
         }
+        client
+            .feed(PgWireBackendMessage::Authentication(Authentication::Ok))
+            .await?;
+        let mut all = DefaultServerParameterProvider::default()
+            .server_parameters(client)
+            .unwrap_or_default();
         for (name, value) in parameters {
+            all.insert(name, value);
+        }
+        let mut all: Vec<_> = all.into_iter().collect();
+        all.sort();
+        for (name, value) in all {
             client
                 .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
                     name, value,
                 )))
                 .await?;
         }
+        client
+            .feed(PgWireBackendMessage::BackendKeyData(BackendKeyData::new(
+                pid, secret,
+            )))
+            .await?;
+        for warning in warnings {
+            let info = ErrorInfo::new("WARNING".to_owned(), "01000".to_owned(), warning);
+            client
+                .feed(PgWireBackendMessage::NoticeResponse(info.into()))
+                .await?;
+        }
+        client
+            .send(PgWireBackendMessage::ReadyForQuery(ReadyForQuery::new(
+                TransactionStatus::Idle,
+            )))
+            .await?;
+        client.set_state(PgWireConnectionState::ReadyForQuery);
         Ok(())
     }
 }
 
-impl StartupOptions for Connection {
+impl Connection {
+    /// What a client is told of the server at start-up besides pgwire's defaults: the
+    /// upstream's parameters, or the embedded engine's version.
     fn server_parameters(&self) -> Vec<(String, String)> {
         self.shared
             .upstream

@@ -359,6 +359,8 @@ pub struct Shared {
     pub engine: Arc<dyn Engine>,
     pub options: ServerOptions,
     pub users: Arc<Users>,
+    /// How clients log in: `users`, and the upstream's roles with `auth_query`.
+    pub logins: Arc<crate::auth::Logins>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// The `[tls]` certificate (PEM), for SCRAM channel binding (`tls-server-end-point`).
     pub tls_cert_pem: Option<Arc<Vec<u8>>>,
@@ -412,16 +414,25 @@ impl Shared {
         }
         let lanes = crate::lanes::LaneBook::open(&options.data_dir)?;
         let query_log = crate::query_log::QueryLog::new(options.query_log_size);
+        let upstream = options
+            .upstream
+            .clone()
+            .map(|u| Arc::new(crate::upstream::Upstream::new(u)));
+        let logins = Arc::new(crate::auth::Logins {
+            users: users.clone(),
+            upstream: upstream
+                .clone()
+                .filter(|u| u.options.auth_query.is_some())
+                .map(|u| u as Arc<dyn crate::auth::VerifierLookup>),
+        });
         Ok(Arc::new(Shared {
             engine: Arc::new(engine),
             lanes,
             query_log,
             disks: crate::disks::Disks::new(&options.disks),
-            upstream: options
-                .upstream
-                .clone()
-                .map(|u| Arc::new(crate::upstream::Upstream::new(u))),
+            upstream,
             users,
+            logins,
             tls,
             tls_cert_pem,
             metrics: Arc::default(),

@@ -234,6 +234,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             cancel.clone(),
         )
         .await;
+        // Start-up done: a session-pooled client's upstream backend goes to its forwarder.
+        if starting && matches!(socket.state(), PgWireConnectionState::ReadyForQuery) {
+            if let Some((forwarder, _)) = forwarding.as_mut() {
+                forwarder.adopt(&socket);
+            }
+        }
         if let Err(mut e) = outcome {
             errors.on_error(&socket, &mut e);
             let fatal = e.is_fatal();

@@ -41,6 +41,7 @@ async fn setup_with(pool_mode: PoolMode, pool_size: usize, admission: AdmissionM
             pool_size,
             pool_mode,
             admission,
+            auth_query: None,
         }),
         // As `sluice serve` runs by default: connections on threads of their own, with the
         // upstream connections lent to them moved there.
@@ -76,7 +77,7 @@ impl Setup {
     async fn through(&self) -> Client {
         self.server
             .client_with(&format!(
-                "host=127.0.0.1 port={} user=tester dbname=shop",
+                "host=127.0.0.1 port={} user=owner dbname=shop",
                 self.server.port
             ))
             .await
@@ -282,7 +283,7 @@ async fn clients_get_what_they_get_going_direct() {
     let (notices_tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
     let (client, mut connection) = tokio_postgres::connect(
         &format!(
-            "host=127.0.0.1 port={} user=tester dbname=shop",
+            "host=127.0.0.1 port={} user=owner dbname=shop",
             s.server.port
         ),
         tokio_postgres::NoTls,
@@ -382,7 +383,7 @@ async fn clients_get_what_they_get_going_direct() {
     // A start-up's options that are not sluice's reach the upstream, its workload stays
     // sluice's; in session pooling the upstream sees the client's application name.
     let configured = connect(&format!(
-        "host=127.0.0.1 port={} user=tester dbname=shop application_name=stocktake options='-c search_path=archive,public -c workload=reports'",
+        "host=127.0.0.1 port={} user=owner dbname=shop application_name=stocktake options='-c search_path=archive,public -c workload=reports'",
         s.server.port
     ))
     .await
@@ -621,7 +622,7 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
     let mut leaver = std::process::Command::new("psql")
         .args(["-X", "-h", "127.0.0.1", "-p"])
         .arg(s.server.port.to_string())
-        .args(["-U", "leaver", "-d", "shop", "-c"])
+        .args(["-U", "owner", "-d", "shop", "-c"])
         .arg("SELECT pg_sleep(62) SETTINGS workload = 'all'")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -833,7 +834,7 @@ async fn raw_client(port: u16) -> tokio::net::TcpStream {
         .expect("connects");
     let mut startup = Vec::new();
     startup.extend_from_slice(&196608u32.to_be_bytes());
-    startup.extend_from_slice(b"user\0raw\0database\0shop\0\0");
+    startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
     let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&startup);
     socket.write_all(&packet).await.expect("startup");
@@ -1132,7 +1133,7 @@ async fn start_up_parameters_reach_the_upstream_as_going_direct() {
         let told = raw_startup(
             s.server.port,
             &[
-                ("user", "raw"),
+                ("user", "owner"),
                 ("database", "shop"),
                 ("TimeZone", "Asia/Tokyo"),
                 ("datestyle", "german"),
@@ -1149,7 +1150,7 @@ async fn start_up_parameters_reach_the_upstream_as_going_direct() {
         let refused = raw_startup(
             s.server.port,
             &[
-                ("user", "raw"),
+                ("user", "owner"),
                 ("database", "shop"),
                 ("TimeZone", "Nowhere/Bogus"),
             ],
@@ -1173,10 +1174,10 @@ async fn clients_sharing_a_pooled_connection_keep_their_own_parameters() {
     let s = setup(PoolMode::Transaction, 1).await;
     let port = s.server.port;
     let named = |name: &str| {
-        format!("host=127.0.0.1 port={port} user=tester dbname=shop application_name={name}")
+        format!("host=127.0.0.1 port={port} user=owner dbname=shop application_name={name}")
     };
     let zoned = |zone: &str| {
-        format!("host=127.0.0.1 port={port} user=tester dbname=shop options='-c TimeZone={zone}'")
+        format!("host=127.0.0.1 port={port} user=owner dbname=shop options='-c TimeZone={zone}'")
     };
     let alpha = s.server.client_with(&named("alpha")).await;
     let beta = s.server.client_with(&named("beta")).await;
@@ -1224,7 +1225,7 @@ async fn clients_sharing_a_pooled_connection_keep_their_own_parameters() {
     .map(|_| ())
     .expect_err("no such database going direct");
     let through_refusal = connect(&format!(
-        "host=127.0.0.1 port={port} user=tester dbname=nosuchdb"
+        "host=127.0.0.1 port={port} user=owner dbname=nosuchdb"
     ))
     .await
     .map(|_| ())
@@ -1235,7 +1236,7 @@ async fn clients_sharing_a_pooled_connection_keep_their_own_parameters() {
     let other = s
         .server
         .client_with(&format!(
-            "host=127.0.0.1 port={port} user=tester dbname=other"
+            "host=127.0.0.1 port={port} user=owner dbname=other"
         ))
         .await;
     assert_eq!(column(&other, "SELECT current_database()").await, ["other"]);
@@ -1396,7 +1397,7 @@ async fn pools_of_other_parameters_share_the_pool_size() {
     let s = setup(PoolMode::Transaction, 1).await;
     let port = s.server.port;
     let zoned = |zone: &str| {
-        format!("host=127.0.0.1 port={port} user=tester dbname=shop options='-c TimeZone={zone}'")
+        format!("host=127.0.0.1 port={port} user=owner dbname=shop options='-c TimeZone={zone}'")
     };
     let pst = s.server.client_with(&zoned("PST8PDT")).await;
     let tokyo = s.server.client_with(&zoned("Asia/Tokyo")).await;
@@ -1439,7 +1440,7 @@ async fn pools_nobody_holds_do_not_pile_up_connections() {
         let client = s
             .server
             .client_with(&format!(
-                "host=127.0.0.1 port={port} user=tester dbname=shop options='-c search_path=s{i}'"
+                "host=127.0.0.1 port={port} user=owner dbname=shop options='-c search_path=s{i}'"
             ))
             .await;
         assert_eq!(column(&client, "SHOW search_path").await, [format!("s{i}")]);
@@ -1457,4 +1458,277 @@ async fn pools_nobody_holds_do_not_pile_up_connections() {
         open <= 66,
         "{open} upstream connections for 80 clients gone"
     );
+}
+
+/// A sluice in front of `pg` (its superuser `owner`), with `auth_query` or not.
+async fn sluice_for(
+    pg: &Postgres,
+    url: &str,
+    pool_mode: PoolMode,
+    auth_query: Option<&str>,
+) -> (tempfile::TempDir, TestServer) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(ServerOptions {
+        upstream: Some(UpstreamOptions {
+            url: UpstreamUrl::parse(&format!("{url}?connect_timeout=5")).expect("url"),
+            pool_size: 4,
+            pool_mode,
+            admission: AdmissionMode::Statement,
+            auth_query: auth_query.map(str::to_string),
+        }),
+        ..ServerOptions::new(
+            data.path(),
+            Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+        )
+    })
+    .await;
+    let _ = pg;
+    (data, server)
+}
+
+/// Roles of different rights on one table: `reader` may read it, `writer` write it too.
+async fn make_roles(pg: &Postgres, with_passwords: bool) {
+    let password = |role: &str| {
+        if with_passwords {
+            format!(" PASSWORD '{role}-pw'")
+        } else {
+            String::new()
+        }
+    };
+    pg.psql(&format!(
+        "SET password_encryption = 'scram-sha-256';
+         CREATE ROLE reader LOGIN{};
+         CREATE ROLE writer LOGIN{};",
+        password("reader"),
+        password("writer")
+    ));
+    pg.psql("CREATE DATABASE shop OWNER owner");
+    let password = if with_passwords {
+        " password=owner-pw"
+    } else {
+        ""
+    };
+    connect(&format!(
+        "host=127.0.0.1 port={} user=owner dbname=shop{password}",
+        pg.port
+    ))
+    .await
+    .expect("owner")
+    .batch_execute(
+        "CREATE TABLE items (id int); GRANT SELECT ON items TO reader, writer;
+         GRANT INSERT ON items TO writer;",
+    )
+    .await
+    .expect("table");
+}
+
+/// Who a client's statements run as, and what its write gets: (session_user, current_user,
+/// the INSERT's outcome).
+async fn rights(client: &Client) -> Vec<String> {
+    let mut out = simple(client, "SELECT session_user, current_user").await;
+    out.extend(simple(client, "INSERT INTO items VALUES (1)").await);
+    out.extend(simple(client, "SELECT count(*) > 0 FROM items").await);
+    out
+}
+
+#[tokio::test]
+async fn each_client_runs_upstream_as_its_own_role_with_scram_end_to_end() {
+    let pg_dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
+    make_roles(&pg, true).await;
+    let direct = |role: &str, password: &str| {
+        let conn = format!(
+            "host=127.0.0.1 port={} user={role} password={password} dbname=shop",
+            pg.port
+        );
+        async move { connect(&conn).await }
+    };
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let (_data, sluice) = sluice_for(
+            &pg,
+            &format!("postgres://owner:owner-pw@127.0.0.1:{}/shop", pg.port),
+            mode,
+            Some(sluice_server::upstream::DEFAULT_AUTH_QUERY),
+        )
+        .await;
+        let through = |role: &str, password: &str| {
+            let conn = format!(
+                "host=127.0.0.1 port={} user={role} password={password} dbname=shop",
+                sluice.port
+            );
+            async move { connect(&conn).await }
+        };
+        // Each role, as directly: its own name upstream, its own rights (the reader's write
+        // refused with PostgreSQL's 42501).
+        for role in ["reader", "writer"] {
+            let password = format!("{role}-pw");
+            let want = rights(&direct(role, &password).await.expect("direct")).await;
+            let got = rights(&through(role, &password).await.expect("through")).await;
+            assert_eq!(got, want, "{role} in {mode:?} pooling");
+        }
+        let reader = rights(&through("reader", "reader-pw").await.expect("reader")).await;
+        assert!(reader[1].contains("reader"), "{reader:?}");
+        assert!(
+            reader[3].starts_with("error 42501 permission denied for table items"),
+            "{reader:?}"
+        );
+        // Two roles taking turns on the pool: each statement runs as its client's role.
+        let (r, w) = (
+            through("reader", "reader-pw").await.expect("reader"),
+            through("writer", "writer-pw").await.expect("writer"),
+        );
+        for _ in 0..3 {
+            assert_eq!(column(&r, "SELECT current_user").await, ["reader"]);
+            assert_eq!(column(&w, "SELECT current_user").await, ["writer"]);
+        }
+        // A wrong password and an unknown role are refused as PostgreSQL refuses them.
+        for (role, password) in [("reader", "wrong"), ("asldkfjsadlfkj", "x")] {
+            let want = direct(role, password).await.expect_err("direct refuses");
+            let got = through(role, password).await.expect_err("sluice refuses");
+            let code =
+                |e: &tokio_postgres::Error| e.as_db_error().map(|d| d.code().code().to_string());
+            assert_eq!(code(&got), code(&want), "{role}: {got} / {want}");
+            assert_eq!(code(&got).as_deref(), Some("28P01"), "{got}");
+            let message =
+                |e: &tokio_postgres::Error| e.as_db_error().map(|d| d.message().to_string());
+            assert_eq!(message(&got), message(&want), "{role}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn trusted_clients_run_as_their_own_role_and_an_unknown_one_is_refused() {
+    let pg_dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(pg_dir.path(), "owner", Auth::Trust);
+    make_roles(&pg, false).await;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let (_data, sluice) = sluice_for(
+            &pg,
+            &format!("postgres://owner@127.0.0.1:{}/shop", pg.port),
+            mode,
+            None,
+        )
+        .await;
+        let at = |port: u16, role: &str| {
+            let conn = format!("host=127.0.0.1 port={port} user={role} dbname=shop");
+            async move { connect(&conn).await }
+        };
+        for role in ["reader", "writer"] {
+            let want = rights(&at(pg.port, role).await.expect("direct")).await;
+            let got = rights(&at(sluice.port, role).await.expect("through")).await;
+            assert_eq!(got, want, "{role} in {mode:?} pooling");
+        }
+        let want = at(pg.port, "asldkfjsadlfkj")
+            .await
+            .expect_err("direct refuses");
+        let got = at(sluice.port, "asldkfjsadlfkj")
+            .await
+            .expect_err("sluice refuses");
+        let db = got.as_db_error().expect("an ErrorResponse");
+        assert_eq!(db.code().code(), "28000", "{got}");
+        assert_eq!(Some(db.message()), want.as_db_error().map(|d| d.message()));
+    }
+}
+
+/// A bare client's pid from its start-up (BackendKeyData), and the answer's first value of
+/// one simple query on it.
+async fn backend_key_pid(port: u16) -> (tokio::net::TcpStream, i32) {
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&196608u32.to_be_bytes());
+    startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
+    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&startup);
+    socket.write_all(&packet).await.expect("startup");
+    let key = messages_until_ready(&mut socket)
+        .await
+        .into_iter()
+        .find(|(tag, _)| *tag == b'K')
+        .expect("BackendKeyData");
+    let pid = i32::from_be_bytes(key.1[..4].try_into().expect("pid"));
+    (socket, pid)
+}
+
+async fn first_value(socket: &mut tokio::net::TcpStream, sql: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut query = sql.as_bytes().to_vec();
+    query.push(0);
+    socket
+        .write_all(&message(b'Q', &query))
+        .await
+        .expect("query");
+    let row = messages_until_ready(socket)
+        .await
+        .into_iter()
+        .find(|(tag, _)| *tag == b'D')
+        .expect("a row");
+    let len = i32::from_be_bytes(row.1[2..6].try_into().expect("length")) as usize;
+    String::from_utf8(row.1[6..6 + len].to_vec()).expect("text")
+}
+
+#[tokio::test]
+async fn in_session_pooling_a_client_has_one_pid_everywhere() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(PoolMode::Session, 4).await;
+    // The pid of BackendKeyData is the one pg_backend_pid() says.
+    let (mut listener, listener_pid) = backend_key_pid(s.server.port).await;
+    assert_eq!(
+        first_value(&mut listener, "SELECT pg_backend_pid()").await,
+        listener_pid.to_string()
+    );
+    // A notification's sender is the notifying client's pid.
+    let (mut notifier, notifier_pid) = backend_key_pid(s.server.port).await;
+    assert_ne!(notifier_pid, listener_pid);
+    first_value(&mut listener, "LISTEN news; SELECT 1").await;
+    first_value(&mut notifier, "NOTIFY news, 'hi'; SELECT 1").await;
+    let (tag, body) = read_message(&mut listener).await;
+    assert_eq!(tag, b'A', "a notification");
+    assert_eq!(
+        i32::from_be_bytes(body[..4].try_into().expect("pid")),
+        notifier_pid
+    );
+    // pg_terminate_backend($1) with that pid, bound as a parameter: the notifier's session
+    // ends at once, idle as it is, with PostgreSQL's FATAL and a closed socket.
+    let other = s.through().await;
+    let terminated: bool = other
+        .query_one("SELECT pg_terminate_backend($1)", &[&notifier_pid])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated);
+    let (tag, body) = read_message(&mut notifier).await;
+    assert_eq!(tag, b'E');
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("FATAL") && text.contains("57P01"), "{text}");
+    let mut rest = Vec::new();
+    use tokio::io::AsyncReadExt;
+    let n = tokio::time::timeout(Duration::from_secs(30), notifier.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .expect("read");
+    assert_eq!(n, 0, "nothing after the FATAL, then the close");
+    // pg_terminate_backend(pg_backend_pid()): the client is told, and its connection ends.
+    let e = other
+        .simple_query("SELECT pg_terminate_backend(pg_backend_pid())")
+        .await
+        .expect_err("terminated itself");
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("57P01"),
+        "{e}"
+    );
+    for _ in 0..100 {
+        if other.is_closed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(other.is_closed());
+    let _ = listener.shutdown().await;
 }

@@ -49,6 +49,9 @@ pub enum ErrorCode {
     InternalError,
     /// The upstream database cannot be reached or talked to (upstream mode).
     AllConnectionTriesFailed,
+    /// A login that does not prove its password (upstream mode: one sluice cannot prove for
+    /// a client's role).
+    AuthenticationFailed,
 }
 
 impl ErrorCode {
@@ -89,6 +92,7 @@ impl ErrorCode {
             ErrorCode::CorruptedData => "CORRUPTED_DATA",
             ErrorCode::InternalError => "LOGICAL_ERROR",
             ErrorCode::AllConnectionTriesFailed => "ALL_CONNECTION_TRIES_FAILED",
+            ErrorCode::AuthenticationFailed => "AUTHENTICATION_FAILED",
         }
     }
 
@@ -127,6 +131,7 @@ impl ErrorCode {
             ErrorCode::CorruptedData => 246,
             ErrorCode::InternalError => 49,
             ErrorCode::AllConnectionTriesFailed => 279,
+            ErrorCode::AuthenticationFailed => 516,
         }
     }
 
@@ -164,6 +169,7 @@ impl ErrorCode {
             ErrorCode::CorruptedData => "XX001",
             ErrorCode::InternalError => "XX000",
             ErrorCode::AllConnectionTriesFailed => "08006",
+            ErrorCode::AuthenticationFailed => "28P01",
         }
     }
 }

@@ -17,9 +17,11 @@
 //! [`tls`] encrypts the connection as the URL's `sslmode` asks (libpq's meanings).
 
 pub mod pool;
+pub mod scram;
 pub mod tls;
 
 pub use pool::{Lent, UpstreamPool};
+pub use scram::ScramKeys;
 
 use std::fmt;
 use std::time::Duration;
@@ -47,6 +49,9 @@ pub struct UpstreamUrl {
     pub port: u16,
     pub user: String,
     pub password: Option<String>,
+    /// The role's SCRAM keys, learnt from a client's login ([`scram`]): how sluice logs in as
+    /// a client's role without its password. Used where there is no password.
+    pub scram_keys: Option<ScramKeys>,
     pub database: String,
     pub sslmode: SslMode,
     /// `sslrootcert`: the CA certificate(s) `verify-ca`/`verify-full` check the upstream's
@@ -141,6 +146,7 @@ impl UpstreamUrl {
             host,
             port: url.port().unwrap_or(5432),
             password: url.password().map(decode),
+            scram_keys: None,
             database: if database.is_empty() {
                 user.clone()
             } else {
@@ -273,6 +279,19 @@ impl Frame {
         let mut fields = body.fields();
         while let Ok(Some(field)) = fields.next() {
             out.push((field.name().to_string(), field.type_oid()));
+        }
+        out
+    }
+
+    /// A DataRow's values as text (`None` for NULL); empty for another message.
+    pub fn values(&self) -> Vec<Option<String>> {
+        let Ok(backend::Message::DataRow(row)) = self.parse() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut ranges = row.ranges();
+        while let Ok(Some(range)) = ranges.next() {
+            out.push(range.map(|r| String::from_utf8_lossy(&row.buffer()[r]).into_owned()));
         }
         out
     }
@@ -490,15 +509,24 @@ impl UpstreamConnection {
         let address = self.address.clone();
         let password = || {
             url.password.as_deref().ok_or_else(|| {
-                Error::new(
-                    ErrorCode::AllConnectionTriesFailed,
+                // 28P01, as PostgreSQL refuses a login without the password it asks for.
+                let mut e = Error::new(
+                    ErrorCode::AuthenticationFailed,
                     format!(
-                        "The upstream {address} asks for a password and the upstream URL has none"
+                        "password authentication failed for user \"{}\": the upstream {address} asks sluice for a password it does not hold (see docs/upstream.md, \"Roles\")",
+                        url.user
                     ),
-                )
+                );
+                e.upstream = Some(std::sync::Arc::new(vec![
+                    (b'S', "FATAL".to_string()),
+                    (b'V', "FATAL".to_string()),
+                    (b'C', "28P01".to_string()),
+                    (b'M', e.message.clone()),
+                ]));
+                e
             })
         };
-        let mut scram: Option<sasl::ScramSha256> = None;
+        let mut scram: Option<Scram> = None;
         loop {
             let frame = self.read_frame().await?;
             if frame.tag == b'E' {
@@ -541,10 +569,14 @@ impl UpstreamConnection {
                             format!("The upstream {} offers no SASL mechanism sluice speaks (SCRAM-SHA-256 without channel binding)", self.address),
                         ));
                     }
-                    let state = sasl::ScramSha256::new(
-                        password()?.as_bytes(),
-                        sasl::ChannelBinding::unsupported(),
-                    );
+                    // The password when the URL holds the role's, else the role's keys.
+                    let state = match (&url.password, &url.scram_keys) {
+                        (None, Some(keys)) => Scram::Keyed(scram::KeyedScram::new(keys.clone())),
+                        _ => Scram::Password(sasl::ScramSha256::new(
+                            password()?.as_bytes(),
+                            sasl::ChannelBinding::unsupported(),
+                        )),
+                    };
                     frontend::sasl_initial_response(sasl::SCRAM_SHA_256, state.message(), &mut buf)
                         .map_err(|e| protocol_error(&e.to_string()))?;
                     scram = Some(state);
@@ -553,9 +585,11 @@ impl UpstreamConnection {
                     let state = scram
                         .as_mut()
                         .ok_or_else(|| protocol_error("a SASL continuation unasked"))?;
-                    state
-                        .update(body.data())
-                        .map_err(|e| protocol_error(&format!("SCRAM: {e}")))?;
+                    match state {
+                        Scram::Password(state) => state.update(body.data()).map_err(|e| e.to_string()),
+                        Scram::Keyed(state) => state.update(body.data()),
+                    }
+                    .map_err(|e| protocol_error(&format!("SCRAM: {e}")))?;
                     frontend::sasl_response(state.message(), &mut buf)
                         .map_err(|e| protocol_error(&e.to_string()))?;
                 }
@@ -563,7 +597,11 @@ impl UpstreamConnection {
                     let state = scram
                         .as_mut()
                         .ok_or_else(|| protocol_error("a SASL final message unasked"))?;
-                    state.finish(body.data()).map_err(|e| {
+                    match state {
+                        Scram::Password(state) => state.finish(body.data()).map_err(|e| e.to_string()),
+                        Scram::Keyed(state) => state.finish(body.data()),
+                    }
+                    .map_err(|e| {
                         Error::new(
                             ErrorCode::AllConnectionTriesFailed,
                             format!("The upstream {} failed SCRAM's server proof: {e}", self.address),
@@ -662,6 +700,11 @@ impl UpstreamConnection {
     /// The upstream's `host:port`.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// The upstream backend's process id (`None` if the upstream sent no key).
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.cancel.as_ref().map(|c| c.process_id)
     }
 
     /// How to cancel what this connection runs (`None` if the upstream sent no key).
@@ -891,6 +934,22 @@ impl UpstreamConnection {
                 self.address
             ),
         )
+    }
+}
+
+/// sluice's side of a SCRAM exchange with the upstream: with the URL's password, or with the
+/// keys a client's login revealed.
+enum Scram {
+    Password(sasl::ScramSha256),
+    Keyed(scram::KeyedScram),
+}
+
+impl Scram {
+    fn message(&self) -> &[u8] {
+        match self {
+            Scram::Password(state) => state.message(),
+            Scram::Keyed(state) => state.message(),
+        }
     }
 }
 

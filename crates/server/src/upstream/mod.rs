@@ -6,6 +6,6 @@
 pub mod options;
 pub mod pools;
 
-pub use options::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
+pub use options::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_AUTH_QUERY};
 pub(crate) use pools::follow_parameter;
-pub use pools::{client_parameters, fatal_from, Upstream};
+pub use pools::{client_parameters, fatal_from, SessionBackend, Upstream};

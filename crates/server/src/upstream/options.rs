@@ -11,7 +11,14 @@ pub struct UpstreamOptions {
     pub pool_size: usize,
     pub pool_mode: PoolMode,
     pub admission: AdmissionMode,
+    /// `auth_query`: the SQL the URL's user runs to read a role's SCRAM verifier (`$1` is the
+    /// role's name; the last column of the first row is read), so clients log in with their
+    /// PostgreSQL roles and passwords. `None`: clients log in with `[[users]]`, or are trusted.
+    pub auth_query: Option<String>,
 }
+
+/// PgBouncer's default `auth_query` (`pg_shadow` is readable by superusers only).
+pub const DEFAULT_AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_shadow WHERE usename = $1";
 
 /// How long a client keeps an upstream connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

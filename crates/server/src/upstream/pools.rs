@@ -1,13 +1,19 @@
-//! The upstream as the server shares it: one pool of connections per database and start-up
-//! parameters, what the upstream announced at start-up, and what a client's start-up asks of
-//! its upstream session (its run-time parameters, checked by PostgreSQL itself).
+//! The upstream as the server shares it: one pool of connections per role, database and
+//! start-up parameters, what the upstream announced at start-up, what a client's start-up asks
+//! of its upstream session (its run-time parameters, checked by PostgreSQL itself), and the
+//! roles' SCRAM verifiers for clients' logins (`auth_query`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use async_trait::async_trait;
 use pgwire::error::{ErrorInfo, PgWireError};
-use sluice_engine::upstream::{Frame, UpstreamConnection, UpstreamPool, UpstreamUrl};
-use sluice_sql::Error;
+use sluice_engine::upstream::{
+    Frame, Lent, ScramKeys, UpstreamConnection, UpstreamPool, UpstreamUrl,
+};
+use sluice_sql::{Error, ErrorCode};
+
+use crate::auth::VerifierLookup;
 
 use super::options::{AdmissionMode, PoolMode, UpstreamOptions};
 
@@ -18,6 +24,11 @@ use super::options::{AdmissionMode, PoolMode, UpstreamOptions};
 /// value).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
+    /// The client's role: its statements run upstream as that role, never as the URL's.
+    user: String,
+    /// How sluice logs in as `user`: the keys its client's SCRAM login revealed; `None` for
+    /// the URL's own user (its password) or an upstream that trusts sluice's host.
+    keys: Option<ScramKeys>,
     database: String,
     parameters: Vec<(String, String)>,
 }
@@ -65,11 +76,24 @@ impl Upstream {
         }
     }
 
-    /// The pool for a client whose start-up says `metadata`: its database (the URL's when it
-    /// names none) and its run-time parameters.
-    pub fn pool_for(&self, metadata: &HashMap<String, String>) -> UpstreamPool {
+    /// The pool for a client whose start-up says `metadata` and whose login revealed `keys`:
+    /// its role (logged in with the URL's password if it is the URL's user, else with the
+    /// keys), its database (the URL's when it names none) and its run-time parameters.
+    pub fn pool_for(
+        &self,
+        metadata: &HashMap<String, String>,
+        keys: Option<&ScramKeys>,
+    ) -> UpstreamPool {
         let url = &self.options.url;
+        let user = metadata
+            .get("user")
+            .filter(|u| !u.is_empty())
+            .unwrap_or(&url.user)
+            .clone();
+        let by_password = user == url.user && url.password.is_some();
         let key = PoolKey {
+            keys: keys.filter(|_| !by_password).cloned(),
+            user,
             database: metadata
                 .get("database")
                 .filter(|d| !d.is_empty())
@@ -80,7 +104,11 @@ impl Upstream {
                 .filter(|(name, _)| !name.eq_ignore_ascii_case("application_name"))
                 .collect(),
         };
-        if key.database == url.database && key.parameters.is_empty() {
+        if key.user == url.user
+            && key.keys.is_none()
+            && key.database == url.database
+            && key.parameters.is_empty()
+        {
             return self.pool.clone();
         }
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,6 +125,10 @@ impl Upstream {
         // once.
         let pool = UpstreamPool::sharing(
             UpstreamUrl {
+                user: key.user.clone(),
+                // The URL's password is its user's alone.
+                password: url.password.clone().filter(|_| key.user == url.user),
+                scram_keys: key.keys.clone(),
                 database: key.database.clone(),
                 parameters: key.parameters.clone(),
                 ..url.clone()
@@ -145,26 +177,31 @@ impl Upstream {
         *self.parameters.lock().unwrap_or_else(|p| p.into_inner()) = passed;
     }
 
-    /// What a client whose start-up says `metadata` is told of its session, as PostgreSQL
-    /// would tell it: the upstream's parameters with the client's own in place, each as the
-    /// upstream takes it (`datestyle=german` is reported `German, DMY`). The client's
-    /// parameters are tried on a pooled connection, which then goes back with them set (so
-    /// its first statement needs no `SET`); `Err` is the upstream's refusal of one (an unknown
-    /// name, a bad value), which ends the client's start-up as PostgreSQL's would. While the
-    /// upstream is out of reach or every connection is lent, the values are reported as the
-    /// client gave them, and its first statement's connection is given them.
-    pub async fn session_parameters(
+    /// What a client whose start-up says `metadata` (and whose login revealed `keys`) is told
+    /// of its session, as PostgreSQL would tell it: the upstream's parameters with the
+    /// client's own in place, each as the upstream takes it (`datestyle=german` is reported
+    /// `German, DMY`). The client's parameters are tried on a connection of its pool, which is
+    /// returned when `keep` (session pooling: the client's backend from now on, whose pid is
+    /// the client's) and otherwise goes back with them set (so the first statement needs no
+    /// `SET`). `Err` is the upstream's refusal (an unknown role or database, a wrong
+    /// password, a parameter it does not take), which ends the client's start-up as
+    /// PostgreSQL's would. While the upstream is out of reach or every connection is lent,
+    /// the values are reported as the client gave them, and its first statement's
+    /// connection is given them.
+    pub async fn start_session(
         &self,
         metadata: &HashMap<String, String>,
-    ) -> Result<Vec<(String, String)>, Frame> {
+        keys: Option<&ScramKeys>,
+        keep: bool,
+    ) -> Result<(Vec<(String, String)>, Option<Lent>), Frame> {
         let wanted = client_parameters(metadata);
         let mut reported = self.parameters();
-        let pool = self.pool_for(metadata);
+        let pool = self.pool_for(metadata, keys);
         let tried = if pool.has_room() {
             match pool.checkout().await {
                 Ok(lent) => Some(lent),
-                // Refused (no such database, a parameter it does not take): the client's
-                // start-up is refused as PostgreSQL refuses it.
+                // Refused (no such role or database, a parameter it does not take): the
+                // client's start-up is refused as PostgreSQL refuses it.
                 Err(Error {
                     upstream: Some(fields),
                     ..
@@ -186,7 +223,7 @@ impl Upstream {
                     *value = given.clone();
                 }
             }
-            return Ok(reported);
+            return Ok((reported, None));
         };
         if reported.is_empty() {
             self.note_parameters(&lent);
@@ -199,12 +236,12 @@ impl Upstream {
                         *value = now.clone();
                     }
                 }
-                Ok(reported)
+                Ok((reported, keep.then_some(lent)))
             }
             Ok(Some(refused)) => Err(refused),
             Err(_) => {
                 lent.discard();
-                Ok(reported)
+                Ok((reported, None))
             }
         }
     }
@@ -215,6 +252,61 @@ impl Upstream {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+/// A session-pooled client's upstream backend from its start-up, until the connection loop
+/// hands it to the client's [`crate::forward::Forwarder`] (kept in the client's session).
+#[derive(Debug)]
+pub struct SessionBackend(Mutex<Option<Lent>>);
+
+impl SessionBackend {
+    pub fn new(lent: Lent) -> SessionBackend {
+        SessionBackend(Mutex::new(Some(lent)))
+    }
+
+    pub fn take(&self) -> Option<Lent> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// `auth_query`: a role's verifier, read by the URL's user on the URL's database (PgBouncer's
+/// `auth_user`), with the role's name in place of `$1`.
+#[async_trait]
+impl VerifierLookup for Upstream {
+    async fn scram_verifier(&self, role: &str) -> sluice_sql::Result<Option<String>> {
+        let Some(query) = &self.options.auth_query else {
+            return Ok(None);
+        };
+        // An escape string reads the same whatever `standard_conforming_strings` is.
+        let literal = format!("E'{}'", role.replace('\\', "\\\\").replace('\'', "''"));
+        let mut lent = self.pool.checkout().await?;
+        lent.query(&query.replace("$1", &literal)).await?;
+        let frames = lent.read_response().await?;
+        let mut verifier = None;
+        for frame in &frames {
+            match frame.tag {
+                b'E' => {
+                    let fields = frame.fields();
+                    let message = fields
+                        .iter()
+                        .find(|(code, _)| *code == b'M')
+                        .map_or("", |(_, m)| m.as_str());
+                    return Err(Error::new(
+                        ErrorCode::AllConnectionTriesFailed,
+                        format!(
+                            "upstream.auth_query failed on {}: {message}",
+                            self.options.url
+                        ),
+                    ));
+                }
+                // PgBouncer's form returns the name, then the password; a one-column query the
+                // password alone: the last column is read.
+                b'D' if verifier.is_none() => verifier = Some(frame.values().pop().flatten()),
+                _ => {}
+            }
+        }
+        Ok(verifier.flatten())
     }
 }
 
