@@ -212,6 +212,9 @@ fn query_pieces(text: &str) -> Option<Vec<Piece>> {
 pub struct Prepared {
     forwarded: Forwarded,
     types: Vec<u32>,
+    /// The text as the client sent it when it is not UTF-8 (its `client_encoding`'s bytes,
+    /// which `forwarded.sql` only approximates): what the upstream is sent.
+    raw_text: Option<bytes::Bytes>,
     /// Its name on upstream connections in transaction pooling (one per text and types, so
     /// clients preparing the same statement share it).
     pooled_name: String,
@@ -219,23 +222,56 @@ pub struct Prepared {
 
 impl Prepared {
     fn new(forwarded: Forwarded, types: Vec<u32>) -> Prepared {
+        Prepared::with_text(forwarded, types, None)
+    }
+
+    /// A statement whose text is `raw_text` as sent (not UTF-8), `forwarded` its reading.
+    fn with_text(
+        forwarded: Forwarded,
+        types: Vec<u32>,
+        raw_text: Option<bytes::Bytes>,
+    ) -> Prepared {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        forwarded.sql.hash(&mut h);
+        // The bytes sent, when they are not the text: two texts read alike stay apart.
+        match &raw_text {
+            Some(raw) => raw.hash(&mut h),
+            None => forwarded.sql.hash(&mut h),
+        }
         types.hash(&mut h);
         Prepared {
             pooled_name: format!("sluice_{:016x}", h.finish()),
             forwarded,
             types,
+            raw_text,
         }
     }
 
-    fn parse(&self, name: &str) -> Parse {
-        Parse::new(
-            Some(name.to_string()),
-            self.forwarded.sql.clone(),
-            self.types.clone(),
-        )
+    /// A Parse of this statement as `name`, into `out`.
+    fn encode_parse(&self, name: &str, out: &mut BytesMut) {
+        let Some(text) = &self.raw_text else {
+            encode(
+                &Parse::new(
+                    Some(name.to_string()),
+                    self.forwarded.sql.clone(),
+                    self.types.clone(),
+                ),
+                out,
+            );
+            return;
+        };
+        let len = 4 + name.len() + 1 + text.len() + 1 + 2 + 4 * self.types.len();
+        out.reserve(1 + len);
+        out.extend_from_slice(b"P");
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\0");
+        out.extend_from_slice(text);
+        out.extend_from_slice(b"\0");
+        out.extend_from_slice(&(self.types.len() as u16).to_be_bytes());
+        for oid in &self.types {
+            out.extend_from_slice(&oid.to_be_bytes());
+        }
     }
 }
 
@@ -445,6 +481,9 @@ pub struct Forwarder {
     status: TransactionStatus,
     /// The last exchange's answer held an error.
     last_failed: bool,
+    /// The exchange's answers stay in the client socket's buffer unless one is an error
+    /// ([`Forwarder::answer_unsynced`]).
+    hold_answers: bool,
     /// The pool of the client's database and start-up parameters ([`Upstream::pool_for`]),
     /// found at its first forwarded statement.
     pool: Option<UpstreamPool>,
@@ -489,6 +528,7 @@ impl Forwarder {
             running: None,
             status: TransactionStatus::Idle,
             last_failed: false,
+            hold_answers: false,
             pool: None,
             wanted: None,
         }
@@ -684,6 +724,47 @@ impl Forwarder {
                     _ => RoutedRaw::Local(frame),
                 }
             }
+            // Only a Parse whose text is not UTF-8 comes whole (`passes_whole`): it goes
+            // upstream with its bytes as they came.
+            Some(b'P') => {
+                let Some(name) = cstring_at(&frame, 5) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(text) = cstring_at(&frame, name.end + 1) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(statement) = utf8(&frame[name.clone()]).map(str::to_string) else {
+                    return RoutedRaw::Malformed;
+                };
+                let count_at = text.end + 1;
+                let Some(count) = frame
+                    .get(count_at..count_at + 2)
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+                else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(types) = frame.get(count_at + 2..count_at + 2 + 4 * count).map(|b| {
+                    b.chunks_exact(4)
+                        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<_>>()
+                }) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(f) = forwarded(&String::from_utf8_lossy(&frame[text.clone()])) else {
+                    // sluice's own statement (its words are ASCII): read as pgwire reads it.
+                    self.statements.remove(&statement);
+                    self.local_statements.insert(statement);
+                    return RoutedRaw::Local(frame);
+                };
+                self.local_statements.remove(&statement);
+                let raw = bytes::Bytes::copy_from_slice(&frame[text]);
+                let prepared = Arc::new(Prepared::with_text(f, types, Some(raw)));
+                self.statements.insert(statement.clone(), prepared.clone());
+                RoutedRaw::Upstream(Step::Parse {
+                    name: statement,
+                    prepared,
+                })
+            }
             Some(b'S') => {
                 if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
                     return RoutedRaw::Local(frame);
@@ -811,6 +892,33 @@ impl Forwarder {
         } else {
             names.contains(name)
         }
+    }
+
+    /// Whether forwarded messages wait for a Sync or a Flush that has not come.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The client waits, having sent extended-protocol messages without a Sync or a Flush
+    /// (libpq's pipeline mode): they go upstream and are answered as PostgreSQL answers them —
+    /// its answers held in the output buffer until a Sync or a Flush asks for them, except
+    /// an error, which PostgreSQL sends at once (and with it what it held).
+    pub async fn answer_unsynced<S, T>(
+        &mut self,
+        socket: &mut Socket<S, T>,
+        connection: &Connection,
+    ) -> ClientResult<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+    {
+        self.hold_answers = true;
+        let answered = self.run_batch(socket, connection, false).await;
+        self.hold_answers = false;
+        if answered.is_ok() && !self.last_failed {
+            socket.get_mut().hold_through_reads();
+        }
+        answered
     }
 
     /// Before sluice answers a message itself: every forwarded message before it gets its
@@ -1438,6 +1546,9 @@ impl Forwarder {
         if got_ready && settle {
             self.settled();
         }
+        if self.hold_answers && !self.last_failed {
+            return Ok(());
+        }
         socket.get_mut().flush().await
     }
 
@@ -1539,7 +1650,7 @@ fn translate(
                   answers: &mut VecDeque<Expect>| {
         let sent = lent.prepared.insert(prepared.pooled_name.clone());
         if sent {
-            encode(&prepared.parse(&prepared.pooled_name), out);
+            prepared.encode_parse(&prepared.pooled_name, out);
             answers.push_back(Expect {
                 answer,
                 prepares: Some(prepared.pooled_name.clone()),
@@ -1555,7 +1666,7 @@ fn translate(
                     answers.push_back(Expect::new(Answer::Synthetic(messages::PARSE_COMPLETE)));
                 }
             } else {
-                encode(&prepared.parse(&name), out);
+                prepared.encode_parse(&name, out);
                 answers.push_back(Expect::relay(Ends::One));
             }
         }
@@ -1694,11 +1805,14 @@ fn rows_counted(body: &[u8]) -> usize {
 }
 
 /// The message types the connection loop reads whole for a forwarding client, not decoded
-/// ([`crate::frame::Incoming::Raw`]): a simple Query (its text read in place) and the Bind,
+/// ([`crate::frame::Incoming::Raw`]): a simple Query (its text read in place), the Bind,
 /// Describe, Execute and Sync of every extended-protocol round trip (libpq describes each
-/// portal it executes), passed upstream as they came ([`Forwarder::route_raw`]).
+/// portal it executes), and a Parse whose text is not UTF-8, passed upstream as they came
+/// ([`Forwarder::route_raw`]).
 pub fn passes_whole(tag: u8) -> bool {
-    matches!(tag, b'Q' | b'B' | b'D' | b'E' | b'S')
+    // A Parse only when its text is not UTF-8 (`crate::frame::buffered_incoming` decodes
+    // the others).
+    matches!(tag, b'Q' | b'B' | b'D' | b'E' | b'S' | b'P')
 }
 
 /// Where the NUL-terminated string starting at `at` in `frame` is (without its NUL).

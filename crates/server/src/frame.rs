@@ -11,7 +11,10 @@
 //!
 //! Invariants:
 //! - Nothing is held while the server waits for the client: every read first sends all that
-//!   is held, so no client can wait on an answer the server has not sent.
+//!   is held, so no client can wait on an answer the server has not sent — except answers to
+//!   extended-protocol messages that came without a Sync or a Flush
+//!   ([`Corked::hold_through_reads`]): PostgreSQL holds those until the client asks (or until
+//!   an error, or a full buffer), and a libpq pipeline relies on it.
 //! - A NOTICE (a query waiting for admission says so) and every message that ends a response
 //!   or asks the client for something go out at once.
 //! - At most [`HOLD_LIMIT`] bytes are held; a large result streams as before.
@@ -86,6 +89,8 @@ pub struct Corked<S> {
     header: Vec<u8>,
     /// The type of the last message whose header was written.
     last_type: Option<u8>,
+    /// What is held stays held while the connection reads, until a flush sends it.
+    through_reads: bool,
 }
 
 impl<S> std::fmt::Debug for Corked<S> {
@@ -105,7 +110,22 @@ impl<S> Corked<S> {
             skip: 0,
             header: Vec::with_capacity(5),
             last_type: None,
+            through_reads: false,
         }
+    }
+
+    /// Keeps what is held (answers to messages the client sent without a Sync or a Flush)
+    /// while the connection reads, as PostgreSQL keeps them in its output buffer: the next
+    /// flush of a response's end (an error, a ReadyForQuery) sends them, as does reaching
+    /// [`HOLD_LIMIT`].
+    pub fn hold_through_reads(&mut self) {
+        self.through_reads = !self.held.is_empty();
+    }
+
+    /// The client said something (a Flush asks for what is held): what is held goes before
+    /// the next read again.
+    pub fn release_held(&mut self) {
+        self.through_reads = false;
     }
 
     /// Holds a message (`header`, then `body`) as a write would, without a write's future:
@@ -175,6 +195,7 @@ impl<S: AsyncWrite + Unpin> Corked<S> {
             }
             self.held.drain(..n);
         }
+        self.through_reads = false;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 }
@@ -185,8 +206,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Corked<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        // About to wait for the client: it must have every answer first.
-        ready!(self.poll_send_held(cx))?;
+        // About to wait for the client: it must have every answer first (unless it has not
+        // asked for them yet).
+        if !self.through_reads {
+            ready!(self.poll_send_held(cx))?;
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -326,7 +350,7 @@ where
             return None;
         }
         let len = u32::from_be_bytes([buffered[1], buffered[2], buffered[3], buffered[4]]) as usize;
-        let limit = if matches!(tag, b'Q' | b'B' | b'd') {
+        let limit = if matches!(tag, b'Q' | b'B' | b'd' | b'P') {
             RAW_LIMIT
         } else {
             SMALL_RAW_LIMIT
@@ -337,9 +361,13 @@ where
         if buffered.len() <= len {
             return None;
         }
-        return Some(Ok(Incoming::Raw(
-            socket.read_buffer_mut().split_to(1 + len),
-        )));
+        // A Parse is decoded as any message, unless its text is not UTF-8 (a client_encoding
+        // other than UTF8): decoding would replace its bytes, so it is passed on as it came.
+        if tag != b'P' || !parse_text_is_utf8(&buffered[..1 + len]) {
+            return Some(Ok(Incoming::Raw(
+                socket.read_buffer_mut().split_to(1 + len),
+            )));
+        }
     }
     // The codec and the bytes are both the socket's: the buffer is lent to it.
     let mut bytes = std::mem::take(socket.read_buffer_mut());
@@ -349,6 +377,22 @@ where
         Ok(Some(message)) => Some(Ok(Incoming::Message(message))),
         Ok(None) => None,
         Err(e) => Some(Err(e)),
+    }
+}
+
+/// Whether a whole Parse message's statement text is UTF-8 (a malformed one counts as such:
+/// the decoder then says what is wrong with it).
+fn parse_text_is_utf8(frame: &[u8]) -> bool {
+    let Some(body) = frame.get(5..) else {
+        return true;
+    };
+    let Some(name_end) = memchr::memchr(0, body) else {
+        return true;
+    };
+    let text = &body[name_end + 1..];
+    match memchr::memchr(0, text) {
+        Some(end) => std::str::from_utf8(&text[..end]).is_ok(),
+        None => true,
     }
 }
 

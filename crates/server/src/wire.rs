@@ -127,6 +127,13 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         {
             // Read already (the rest of a round trip): no wait, so nothing to select.
             Some(incoming)
+        } else if let Some((forwarder, connection)) =
+            forwarding.as_mut().filter(|(f, _)| f.has_pending())
+        {
+            // The client waits, having sent extended-protocol messages without a Sync (a
+            // libpq pipeline): they are run now, as PostgreSQL runs each message it has read.
+            forwarder.answer_unsynced(&mut socket, connection).await?;
+            continue;
         } else {
             tokio::select! {
                 biased;
@@ -161,6 +168,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 }
             }
         };
+        // Whatever the client says, answers held for it go before the next read (a Flush asks
+        // for them; another unsynced message is held again with its own).
+        socket.get_mut().release_held();
         let incoming = match incoming {
             Some(Ok(incoming)) => incoming,
             // Bytes that are no start-up packet (a Terminate, garbage, a length out of

@@ -1732,3 +1732,103 @@ async fn in_session_pooling_a_client_has_one_pid_everywhere() {
     assert!(other.is_closed());
     let _ = listener.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_pipeline_is_answered_before_its_sync_as_postgres_answers_it() {
+    use tokio::io::AsyncWriteExt;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let s = setup(mode, 2).await;
+        s.direct()
+            .await
+            .batch_execute("CREATE TABLE u (id int PRIMARY KEY)")
+            .await
+            .expect("table");
+        let mut socket = raw_client(s.server.port).await;
+        // libpq's pipeline mode: Bind/Execute pairs with no Sync, then the client waits for
+        // their answers (PostgreSQL sends them as it reads the messages).
+        let mut pipeline = message(b'Q', b"BEGIN\0");
+        pipeline.extend(parse_bind_execute(
+            "",
+            "",
+            "INSERT INTO u VALUES (1) RETURNING id",
+        ));
+        pipeline.extend(parse_bind_execute(
+            "",
+            "",
+            "INSERT INTO u VALUES (1) RETURNING id",
+        ));
+        pipeline.extend(parse_bind_execute("", "", "SELECT 3"));
+        socket.write_all(&pipeline).await.expect("pipeline");
+        let mut tags = String::new();
+        while !tags.ends_with('E') {
+            let (tag, _) = tokio::time::timeout(Duration::from_secs(30), read_message(&mut socket))
+                .await
+                .unwrap_or_else(|_| panic!("{mode:?}: no answer before the Sync, after {tags:?}"));
+            tags.push(tag as char);
+        }
+        // BEGIN's answer, then the first insert's, then the second's unique violation; the
+        // third waits for the Sync, which ends the failed transaction's pipeline.
+        assert_eq!(tags, "CZ12DC12E", "{mode:?}");
+        socket.write_all(&message(b'S', b"")).await.expect("sync");
+        let rest = tags_until_ready(&mut socket).await;
+        assert_eq!(rest, "Z", "{mode:?}");
+        socket
+            .write_all(&message(b'Q', b"ROLLBACK\0"))
+            .await
+            .expect("rollback");
+        assert_eq!(tags_until_ready(&mut socket).await, "CZ", "{mode:?}");
+        // Answers held for a pipeline go when the client asks with a Flush.
+        socket
+            .write_all(&parse_bind_execute("", "", "SELECT 5"))
+            .await
+            .expect("pipeline");
+        // (The client pauses, so sluice runs what came and holds its answers.)
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        socket.write_all(&message(b'H', b"")).await.expect("flush");
+        let mut tags = String::new();
+        while !tags.ends_with('C') {
+            let (tag, _) = tokio::time::timeout(Duration::from_secs(30), read_message(&mut socket))
+                .await
+                .unwrap_or_else(|_| panic!("{mode:?}: a Flush gets no answer, after {tags:?}"));
+            tags.push(tag as char);
+        }
+        assert_eq!(tags, "12DC", "{mode:?}");
+        socket.write_all(&message(b'S', b"")).await.expect("sync");
+        assert_eq!(tags_until_ready(&mut socket).await, "Z", "{mode:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_parse_in_the_clients_encoding_reaches_the_upstream_untouched() {
+    use tokio::io::AsyncWriteExt;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let s = setup(mode, 2).await;
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
+            .await
+            .expect("connects");
+        let mut startup = 196608u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0owner\0database\0shop\0client_encoding\0LATIN9\0\0");
+        let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+        packet.extend_from_slice(&startup);
+        socket.write_all(&packet).await.expect("startup");
+        messages_until_ready(&mut socket).await;
+        // '€' is one byte in LATIN9 (0xA4): not UTF-8, so read as UTF-8 it would be replaced.
+        for statement in ["", "euro"] {
+            let mut pipeline =
+                parse_bind_execute(statement, "", "SELECT '\u{1}' AS e, length('\u{1}')")
+                    .into_iter()
+                    .map(|b| if b == 1 { 0xA4 } else { b })
+                    .collect::<Vec<u8>>();
+            pipeline.extend(message(b'S', b""));
+            socket.write_all(&pipeline).await.expect("pipeline");
+            let row = messages_until_ready(&mut socket)
+                .await
+                .into_iter()
+                .find(|(tag, _)| *tag == b'D')
+                .unwrap_or_else(|| panic!("{mode:?}: a row"));
+            // Two columns: the euro sign in LATIN9 as it was sent, and its length, 1.
+            assert_eq!(&row.1[2..7], &[0, 0, 0, 1, 0xA4], "{mode:?} {statement:?}");
+            assert_eq!(&row.1[7..], &[0, 0, 0, 1, b'1'], "{mode:?} {statement:?}");
+        }
+    }
+}
