@@ -1344,6 +1344,8 @@ impl Forwarder {
             return self.lost(socket, e, readies > 0).await;
         }
         let mut got_ready = false;
+        // Reads since the stop was last looked at while the upstream kept data coming.
+        let mut reads_unchecked = 0usize;
         loop {
             while let Some(Expect {
                 answer: Answer::Synthetic(tag),
@@ -1417,24 +1419,38 @@ impl Forwarder {
                 // (nor costs a future).
                 (Some(frame), _) => frame,
                 // More is read, then taken in place where it can be.
-                (None, Some(stop)) => tokio::select! {
-                    biased;
-                    more = lent.read_more() => match more {
-                        Ok(()) => continue,
-                        Err(e) => Err(e),
-                    },
-                    e = stop => {
-                        // Cancelled, killed, out of time, or its client went away: the
-                        // upstream is asked to stop, and its answer is still read out.
-                        if let Some(token) = lent.cancel_token() {
-                            let _ = token.cancel().await;
-                        }
-                        if let Some(running) = self.running.as_mut() {
-                            running.stopped = Some(e);
-                        }
-                        continue;
+                (None, Some(stop)) => {
+                    // The read first (the answer is what is waited for), but while the
+                    // upstream keeps data coming (a long COPY OUT, a big result) the read is
+                    // always ready: the stop is looked at every few reads too.
+                    reads_unchecked += 1;
+                    let stopped = if reads_unchecked >= READS_PER_STOP_CHECK {
+                        reads_unchecked = 0;
+                        futures::FutureExt::now_or_never(&mut *stop)
+                    } else {
+                        None
+                    };
+                    let stopped = match stopped {
+                        Some(e) => e,
+                        None => tokio::select! {
+                            biased;
+                            more = lent.read_more() => match more {
+                                Ok(()) => continue,
+                                Err(e) => return self.lost(socket, e, readies > 0).await,
+                            },
+                            e = stop => e,
+                        },
+                    };
+                    // Cancelled, killed, out of time, or its client went away: the upstream
+                    // is asked to stop, and its answer is still read out.
+                    if let Some(token) = lent.cancel_token() {
+                        let _ = token.cancel().await;
                     }
-                },
+                    if let Some(running) = self.running.as_mut() {
+                        running.stopped = Some(stopped);
+                    }
+                    continue;
+                }
                 (None, None) => match lent.read_more().await {
                     Ok(()) => continue,
                     Err(e) => Err(e),
@@ -1890,6 +1906,9 @@ where
     SinkExt::<PgWireBackendMessage>::flush(socket).await?;
     socket.get_mut().write_all(bytes).await
 }
+
+/// Reads of upstream data between looks at the statement's stop while the data keeps coming.
+const READS_PER_STOP_CHECK: usize = 16;
 
 /// The most a connection keeps of a batch's buffer for the next one.
 const KEEP_AT_MOST: usize = 64 * 1024;

@@ -1832,3 +1832,64 @@ async fn a_parse_in_the_clients_encoding_reaches_the_upstream_untouched() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_cancel_stops_a_copy_out_that_keeps_streaming() {
+    use tokio::io::AsyncWriteExt;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let s = setup(mode, 2).await;
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
+            .await
+            .expect("connects");
+        let mut startup = 196608u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
+        let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
+        packet.extend_from_slice(&startup);
+        socket.write_all(&packet).await.expect("startup");
+        let key = messages_until_ready(&mut socket)
+            .await
+            .into_iter()
+            .find(|(tag, _)| *tag == b'K')
+            .expect("BackendKeyData")
+            .1;
+        // Far more rows than any buffer between the upstream and the client holds.
+        socket
+            .write_all(&message(
+                b'Q',
+                b"COPY (SELECT generate_series(1, 50000000)) TO STDOUT\0",
+            ))
+            .await
+            .expect("copy");
+        let mut seen = 0;
+        while seen < 1000 {
+            if read_message(&mut socket).await.0 == b'd' {
+                seen += 1;
+            }
+        }
+        // The client stops reading a while (every buffer on the way fills up), cancels (as
+        // psycopg does when its COPY block raises), then reads on.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut cancel = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
+            .await
+            .expect("connects");
+        let mut request = 16u32.to_be_bytes().to_vec();
+        request.extend_from_slice(&80877102u32.to_be_bytes());
+        request.extend_from_slice(&key[..8]);
+        cancel.write_all(&request).await.expect("cancel");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut error = None;
+        let mut rows = 0u64;
+        loop {
+            let (tag, body) = read_message(&mut socket).await;
+            match tag {
+                b'd' => rows += 1,
+                b'E' => error = Some(String::from_utf8_lossy(&body).into_owned()),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        let error = error.unwrap_or_else(|| panic!("{mode:?}: the COPY ran to its end"));
+        assert!(error.contains("57014"), "{mode:?}: {error}");
+        assert!(rows < 50_000_000, "{mode:?}");
+    }
+}
