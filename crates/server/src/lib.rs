@@ -7,10 +7,15 @@
 //! - [`wire`]: the connection loop: start-up, then each message to pgwire's handlers or, in
 //!   upstream mode, to the [`forward::Forwarder`].
 //! - [`forward`]: upstream mode's conversation, every message that is not sluice's own
-//!   forwarded at the message level, admitted like an engine query.
+//!   forwarded at the message level, admitted like an engine query: the forwarder's state and
+//!   batches (`forward.rs`), routing (`forward/routing.rs`), the bytes sent upstream
+//!   (`forward/translate.rs`), the answers relayed (`forward/relay.rs`).
 //! - [`session`]: routing of each statement (workload DDL, session settings, conveniences,
-//!   engine queries) on `sluice_sql`'s statement model, admission through the QUERY, memory
-//!   and CPU schedulers, rows streamed from the engine. [`http`]: `/metrics` and the live page.
+//!   engine queries) on `sluice_sql`'s statement model, rows streamed from the engine
+//!   (`session.rs`); admission, one piece for both paths — workload choice, classifiers, lanes,
+//!   QUERY, memory and CPU schedulers, the statement's stop and notices
+//!   (`session/admit.rs`); a connection's start-up after its login (`session/startup.rs`).
+//!   [`http`]: `/metrics` and the live page.
 //! - [`operator`] (`KILL`/`MOVE QUERY`, signals), [`page`] (the live page's figures),
 //!   [`system`] (the `system.*` tables), [`record`] (a statement's query-log row and lane
 //!   runs), [`lease`] (CPU slots' leases under `cpu_slot_preemption`), [`demotion`] (the soft

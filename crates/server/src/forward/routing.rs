@@ -1,0 +1,576 @@
+//! Routing a forwarding client's messages: which statements are sluice's own and which go
+//! upstream ([`is_sluices`]), what each forwarded statement is ([`Forwarded`], [`Prepared`]),
+//! and each message's way ([`Forwarder::route`], [`Forwarder::route_raw`]), with the client's
+//! names of statements and portals followed as it defines and drops them.
+
+use super::*;
+
+/// Whether a statement is sluice's own in upstream mode (everything else is forwarded).
+pub fn is_sluices(statement: &ClientStatement) -> bool {
+    match statement {
+        ClientStatement::Workload(_)
+        | ClientStatement::KillQuery { .. }
+        | ClientStatement::MoveQuery { .. }
+        | ClientStatement::SignalBackend { .. }
+        | ClientStatement::Fingerprint { .. }
+        | ClientStatement::ShowEntities(_)
+        | ClientStatement::ShowCreate { .. } => true,
+        ClientStatement::Set { name, .. } | ClientStatement::Show(name) => {
+            crate::settings::KNOWN_SETTINGS.contains(&name.as_str())
+        }
+        ClientStatement::Query(query) => mentions_system(&query.text),
+        ClientStatement::Transaction(_)
+        | ClientStatement::Declare { .. }
+        | ClientStatement::Fetch { .. }
+        | ClientStatement::Close(_)
+        | ClientStatement::CopyOut { .. } => false,
+    }
+}
+
+/// `system.` as the start of a qualified name (not inside another identifier).
+pub(super) fn mentions_system(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    sluice_sql::mention_places(text, "system.").any(|i| {
+        i == 0
+            || !(bytes[i - 1].is_ascii_alphanumeric() || matches!(bytes[i - 1], b'_' | b'.' | b'"'))
+    })
+}
+
+/// A text to forward: what reaches the upstream (the `SETTINGS` tail cut), and the statement
+/// as admission sees it.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    pub(super) sql: String,
+    pub(super) query: Query,
+    /// Whether running it may change the session's state beyond the transaction.
+    pub(super) changes_session: bool,
+    /// What its admission keeps for its next runs (a prepared statement's).
+    pub(super) memo: StatementMemo,
+}
+
+impl Forwarded {
+    pub(super) fn new(sql: String, query: Query, changes_session: bool) -> Forwarded {
+        Forwarded {
+            sql,
+            query,
+            changes_session,
+            memo: StatementMemo::default(),
+        }
+    }
+}
+
+/// `text` as one forwarded statement; `None` if it is sluice's own.
+pub(super) fn forwarded(text: &str) -> Option<Forwarded> {
+    forwarded_as(text, sluice_sql::statement(text))
+}
+
+/// [`forwarded`], for a statement already read (`statement` is what [`sluice_sql::statement`]
+/// makes of `text`).
+pub(super) fn forwarded_as(
+    text: &str,
+    statement: sluice_sql::Result<Option<ClientStatement>>,
+) -> Option<Forwarded> {
+    let statement = match statement {
+        Ok(Some(s)) => s,
+        // Empty, or not one statement sluice can read: the upstream says what it makes of it.
+        Ok(None) | Err(_) => return Some(Forwarded::new(text.to_string(), utility(text), false)),
+    };
+    if is_sluices(&statement) {
+        return None;
+    }
+    Some(match statement {
+        ClientStatement::Query(query) => {
+            let sql = if query.settings.is_empty() {
+                text.to_string()
+            } else {
+                query.text.clone()
+            };
+            let changes_session = !matches!(
+                query.kind,
+                StatementKind::Select
+                    | StatementKind::Insert
+                    | StatementKind::Update
+                    | StatementKind::Delete
+            ) || sluice_sql::mentions(text, "set_config")
+                || sluice_sql::mentions(text, "pg_advisory")
+                || sluice_sql::mentions(text, "prepare");
+            Forwarded::new(sql, query, changes_session)
+        }
+        ClientStatement::Transaction(_) => tail_cut(text, false),
+        _ => tail_cut(text, true),
+    })
+}
+
+/// A statement that is not a query (`SHOW`, `COPY`, a cursor, transaction control) with its
+/// `SETTINGS` tail, if any, cut off and honoured like a query's.
+pub(super) fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
+    match sluice_sql::split_settings(text) {
+        Ok(markup) if !markup.settings.is_empty() => {
+            let query = Query {
+                settings: markup.settings,
+                ..utility(&markup.query)
+            };
+            Forwarded::new(markup.query, query, changes_session)
+        }
+        _ => Forwarded::new(text.to_string(), utility(text), changes_session),
+    }
+}
+
+pub(super) fn utility(text: &str) -> Query {
+    Query {
+        text: text.to_string(),
+        settings: Vec::new(),
+        kind: StatementKind::Utility,
+        literals: Vec::new(),
+        nesting: 0,
+    }
+}
+
+/// One statement of a simple Query: where it is in the text, and what is forwarded of it
+/// (`None`: it is sluice's own).
+pub(super) type Piece = (std::ops::Range<usize>, Option<Forwarded>);
+
+/// A simple Query's statements, each with what is forwarded of it (`None`: sluice's own);
+/// `None` when every one is sluice's (sluice answers the whole text).
+pub(super) fn query_pieces(text: &str) -> Option<Vec<Piece>> {
+    // The script is lexed once: each statement is read as it is split off.
+    let mut statements = sluice_sql::statements_with_text(text);
+    let pieces: Vec<Piece> = if statements.len() == 1 {
+        // One statement goes as the client wrote it (comments, `;` and all).
+        let (_, statement) = statements.remove(0);
+        vec![(0..text.len(), forwarded_as(text, statement.map(Some)))]
+    } else {
+        statements
+            .into_iter()
+            .map(|(piece, statement)| {
+                // `piece` is a slice of `text`: where it is.
+                let start = piece.as_ptr() as usize - text.as_ptr() as usize;
+                (
+                    start..start + piece.len(),
+                    forwarded_as(piece, statement.map(Some)),
+                )
+            })
+            .collect()
+    };
+    if !pieces.is_empty() && pieces.iter().all(|(_, f)| f.is_none()) {
+        return None;
+    }
+    Some(pieces)
+}
+
+/// A statement the client prepared for the upstream.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub(super) forwarded: Forwarded,
+    pub(super) types: Vec<u32>,
+    /// The text as the client sent it when it is not UTF-8 (its `client_encoding`'s bytes,
+    /// which `forwarded.sql` only approximates): what the upstream is sent.
+    pub(super) raw_text: Option<bytes::Bytes>,
+    /// Its name on upstream connections in transaction pooling (one per text and types, so
+    /// clients preparing the same statement share it).
+    pub(super) pooled_name: String,
+}
+
+impl Prepared {
+    pub(super) fn new(forwarded: Forwarded, types: Vec<u32>) -> Prepared {
+        Prepared::with_text(forwarded, types, None)
+    }
+
+    /// A statement whose text is `raw_text` as sent (not UTF-8), `forwarded` its reading.
+    pub(super) fn with_text(
+        forwarded: Forwarded,
+        types: Vec<u32>,
+        raw_text: Option<bytes::Bytes>,
+    ) -> Prepared {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // The bytes sent, when they are not the text: two texts read alike stay apart.
+        match &raw_text {
+            Some(raw) => raw.hash(&mut h),
+            None => forwarded.sql.hash(&mut h),
+        }
+        types.hash(&mut h);
+        Prepared {
+            pooled_name: format!("sluice_{:016x}", h.finish()),
+            forwarded,
+            types,
+            raw_text,
+        }
+    }
+
+    /// A Parse of this statement as `name`, into `out`.
+    pub(super) fn encode_parse(&self, name: &str, out: &mut BytesMut) {
+        let Some(text) = &self.raw_text else {
+            encode(
+                &Parse::new(
+                    Some(name.to_string()),
+                    self.forwarded.sql.clone(),
+                    self.types.clone(),
+                ),
+                out,
+            );
+            return;
+        };
+        let len = 4 + name.len() + 1 + text.len() + 1 + 2 + 4 * self.types.len();
+        out.reserve(1 + len);
+        out.extend_from_slice(b"P");
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\0");
+        out.extend_from_slice(text);
+        out.extend_from_slice(b"\0");
+        out.extend_from_slice(&(self.types.len() as u16).to_be_bytes());
+        for oid in &self.types {
+            out.extend_from_slice(&oid.to_be_bytes());
+        }
+    }
+}
+
+/// A message for the upstream, with what routing found out about it.
+#[derive(Debug)]
+pub enum Step {
+    /// A simple Query: its statements, each with what is forwarded of it (`None`: sluice's).
+    Query {
+        text: String,
+        pieces: Vec<Piece>,
+        /// The message as the client sent it, when its text is not UTF-8 (a `client_encoding`
+        /// other than UTF8): `text` is read from it for routing and admission, and these
+        /// bytes go upstream untouched.
+        raw: Option<BytesMut>,
+    },
+    Parse {
+        name: String,
+        prepared: Arc<Prepared>,
+    },
+    /// A Bind as the client sent it (type, length, body); `statement`: where the statement's
+    /// name is in it (without its NUL), renamed in transaction pooling.
+    Bind {
+        frame: BytesMut,
+        statement: std::ops::Range<usize>,
+        prepared: Option<Arc<Prepared>>,
+    },
+    DescribeStatement {
+        name: String,
+        prepared: Option<Arc<Prepared>>,
+    },
+    /// An Execute as the client sent it.
+    Execute {
+        frame: BytesMut,
+        prepared: Option<Arc<Prepared>>,
+    },
+    /// Describe or Close of a portal: passed as it is.
+    Portal(PgWireFrontendMessage, Ends),
+    /// A message read whole that goes upstream as the client sent it (a Describe of a
+    /// portal), answered up to `ends`.
+    Passed {
+        frame: BytesMut,
+        ends: Ends,
+    },
+    CloseStatement {
+        name: String,
+    },
+    Sync,
+    Flush,
+}
+
+/// What routing made of a client's message.
+#[derive(Debug)]
+pub enum Routed {
+    /// sluice answers it (pgwire's handlers, as without an upstream).
+    Local(PgWireFrontendMessage),
+    Upstream(Step),
+}
+
+/// What routing made of a message read whole ([`Forwarder::route_raw`]).
+#[derive(Debug)]
+pub enum RoutedRaw {
+    Upstream(Step),
+    /// sluice answers it: its bytes, to decode.
+    Local(BytesMut),
+    /// A string in it is cut short (no NUL) or a name is not UTF-8: a protocol violation, never
+    /// passed to a decoder.
+    Malformed,
+}
+
+impl Forwarder {
+    /// Where `message` goes. Called for every message in the order the client sent them, so
+    /// the names it defines and drops are followed here.
+    pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
+        let name = |n: &Option<String>| n.clone().unwrap_or_default();
+        let step = match message {
+            PgWireFrontendMessage::Query(q) => match query_pieces(&q.query) {
+                Some(pieces) => Step::Query {
+                    text: q.query,
+                    pieces,
+                    raw: None,
+                },
+                None => return Routed::Local(PgWireFrontendMessage::Query(q)),
+            },
+            PgWireFrontendMessage::Parse(p) => {
+                let statement = name(&p.name);
+                match forwarded(&p.query) {
+                    Some(f) => {
+                        self.local_statements.remove(&statement);
+                        let prepared = Arc::new(Prepared::new(f, p.type_oids));
+                        self.statements.insert(statement.clone(), prepared.clone());
+                        Step::Parse {
+                            name: statement,
+                            prepared,
+                        }
+                    }
+                    None => {
+                        self.statements.remove(&statement);
+                        self.local_statements.insert(statement);
+                        return Routed::Local(PgWireFrontendMessage::Parse(p));
+                    }
+                }
+            }
+            PgWireFrontendMessage::Describe(d) => {
+                let target = name(&d.name);
+                let portal = d.target_type == TARGET_TYPE_BYTE_PORTAL;
+                if self.is_local(portal, &target, false) {
+                    return Routed::Local(PgWireFrontendMessage::Describe(d));
+                }
+                if portal {
+                    Step::Portal(PgWireFrontendMessage::Describe(d), Ends::One)
+                } else {
+                    Step::DescribeStatement {
+                        prepared: self.statements.get(&target).cloned(),
+                        name: target,
+                    }
+                }
+            }
+            PgWireFrontendMessage::Close(c) => {
+                let target = name(&c.name);
+                let portal = c.target_type == TARGET_TYPE_BYTE_PORTAL;
+                if self.is_local(portal, &target, true) {
+                    return Routed::Local(PgWireFrontendMessage::Close(c));
+                }
+                if portal {
+                    self.portals.remove(&target);
+                    Step::Portal(PgWireFrontendMessage::Close(c), Ends::One)
+                } else {
+                    self.statements.remove(&target);
+                    Step::CloseStatement { name: target }
+                }
+            }
+            // The connection loop reads these whole (`route_raw`); should one come decoded,
+            // the same rules route it.
+            PgWireFrontendMessage::Bind(_)
+            | PgWireFrontendMessage::Execute(_)
+            | PgWireFrontendMessage::Sync(_) => {
+                let mut frame = BytesMut::new();
+                encode_frontend(&message, &mut frame);
+                return match self.route_raw(frame) {
+                    RoutedRaw::Upstream(step) => Routed::Upstream(step),
+                    RoutedRaw::Local(_) | RoutedRaw::Malformed => Routed::Local(message),
+                };
+            }
+            PgWireFrontendMessage::Flush(f) => {
+                if self.pending.is_empty() {
+                    return Routed::Local(PgWireFrontendMessage::Flush(f));
+                }
+                Step::Flush
+            }
+            other => return Routed::Local(other),
+        };
+        Routed::Upstream(step)
+    }
+
+    /// Where a Bind, Describe, Execute or Sync read whole (`frame`: type, length, body) goes, by the
+    /// rules of [`Forwarder::route`]: upstream as the bytes it is, or back to be decoded and
+    /// answered by sluice; one whose names cannot be read is [`RoutedRaw::Malformed`].
+    pub fn route_raw(&mut self, frame: BytesMut) -> RoutedRaw {
+        match frame.first() {
+            Some(b'B') => {
+                let Some((portal, statement)) = bind_names(&frame) else {
+                    return RoutedRaw::Malformed;
+                };
+                let portal_name = utf8(&frame[portal]);
+                let statement_name = utf8(&frame[statement.clone()]);
+                let (Some(portal_name), Some(statement_name)) = (portal_name, statement_name)
+                else {
+                    return RoutedRaw::Malformed;
+                };
+                // (Most clients never bind sluice's own statements: no lookup then.)
+                if !self.local_statements.is_empty()
+                    && self.local_statements.contains(statement_name)
+                {
+                    self.portals.remove(portal_name);
+                    self.local_portals.insert(portal_name.to_string());
+                    return RoutedRaw::Local(frame);
+                }
+                if !self.local_portals.is_empty() {
+                    self.local_portals.remove(portal_name);
+                }
+                let prepared = self.statements.get(statement_name).cloned();
+                match (&prepared, self.portals.get_mut(portal_name)) {
+                    // Most Binds name the unnamed portal again: its entry is reused.
+                    (Some(p), Some(bound)) => *bound = p.clone(),
+                    (Some(p), None) => {
+                        self.portals.insert(portal_name.to_string(), p.clone());
+                    }
+                    (None, _) => {
+                        self.portals.remove(portal_name);
+                    }
+                }
+                RoutedRaw::Upstream(Step::Bind {
+                    frame,
+                    statement,
+                    prepared,
+                })
+            }
+            Some(b'E') => {
+                let portal = cstring_at(&frame, 5).and_then(|r| utf8(&frame[r]));
+                let Some(portal) = portal else {
+                    return RoutedRaw::Malformed;
+                };
+                if !self.local_portals.is_empty() && self.local_portals.contains(portal) {
+                    return RoutedRaw::Local(frame);
+                }
+                let prepared = self.portals.get(portal).cloned();
+                RoutedRaw::Upstream(Step::Execute { frame, prepared })
+            }
+            Some(b'Q') => {
+                // Its text, up to the NUL (invalid UTF-8 made valid, as pgwire's decoder
+                // does); without the NUL it is no message PostgreSQL would read either.
+                let body = &frame[5..];
+                let Some(end) = memchr::memchr(0, body) else {
+                    return RoutedRaw::Malformed;
+                };
+                let text = &body[..end];
+                let (text, utf8) = match std::str::from_utf8(text) {
+                    Ok(text) => (std::borrow::Cow::Borrowed(text), true),
+                    Err(_) => (String::from_utf8_lossy(text), false),
+                };
+                match query_pieces(&text) {
+                    Some(pieces) => {
+                        let text = text.into_owned();
+                        RoutedRaw::Upstream(Step::Query {
+                            text,
+                            pieces,
+                            raw: (!utf8).then_some(frame),
+                        })
+                    }
+                    None => RoutedRaw::Local(frame),
+                }
+            }
+            Some(b'D') => {
+                // Describe: 'P' a portal, 'S' a statement, then its name.
+                let name = cstring_at(&frame, 6).and_then(|r| utf8(&frame[r]));
+                let (Some(&target), Some(name)) = (frame.get(5), name) else {
+                    return RoutedRaw::Malformed;
+                };
+                match target {
+                    TARGET_TYPE_BYTE_PORTAL if !self.is_local(true, name, false) => {
+                        RoutedRaw::Upstream(Step::Passed {
+                            frame,
+                            ends: Ends::One,
+                        })
+                    }
+                    TARGET_TYPE_BYTE_STATEMENT if !self.is_local(false, name, false) => {
+                        RoutedRaw::Upstream(Step::DescribeStatement {
+                            prepared: self.statements.get(name).cloned(),
+                            name: name.to_string(),
+                        })
+                    }
+                    // sluice's own, or a target type pgwire refuses as PostgreSQL does.
+                    _ => RoutedRaw::Local(frame),
+                }
+            }
+            // Only a Parse whose text is not UTF-8 comes whole (`passes_whole`): it goes
+            // upstream with its bytes as they came.
+            Some(b'P') => {
+                let Some(name) = cstring_at(&frame, 5) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(text) = cstring_at(&frame, name.end + 1) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(statement) = utf8(&frame[name.clone()]).map(str::to_string) else {
+                    return RoutedRaw::Malformed;
+                };
+                let count_at = text.end + 1;
+                let Some(count) = frame
+                    .get(count_at..count_at + 2)
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+                else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(types) = frame.get(count_at + 2..count_at + 2 + 4 * count).map(|b| {
+                    b.chunks_exact(4)
+                        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<_>>()
+                }) else {
+                    return RoutedRaw::Malformed;
+                };
+                let Some(f) = forwarded(&String::from_utf8_lossy(&frame[text.clone()])) else {
+                    // sluice's own statement (its words are ASCII): read as pgwire reads it.
+                    self.statements.remove(&statement);
+                    self.local_statements.insert(statement);
+                    return RoutedRaw::Local(frame);
+                };
+                self.local_statements.remove(&statement);
+                let raw = bytes::Bytes::copy_from_slice(&frame[text]);
+                let prepared = Arc::new(Prepared::with_text(f, types, Some(raw)));
+                self.statements.insert(statement.clone(), prepared.clone());
+                RoutedRaw::Upstream(Step::Parse {
+                    name: statement,
+                    prepared,
+                })
+            }
+            Some(b'S') => {
+                if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {
+                    return RoutedRaw::Local(frame);
+                }
+                RoutedRaw::Upstream(Step::Sync)
+            }
+            _ => RoutedRaw::Local(frame),
+        }
+    }
+}
+
+/// The message types the connection loop reads whole for a forwarding client, not decoded
+/// ([`crate::frame::Incoming::Raw`]): a simple Query (its text read in place), the Bind,
+/// Describe, Execute and Sync of every extended-protocol round trip (libpq describes each
+/// portal it executes), and a Parse whose text is not UTF-8, passed upstream as they came
+/// ([`Forwarder::route_raw`]).
+pub fn passes_whole(tag: u8) -> bool {
+    // A Parse only when its text is not UTF-8 (`crate::frame::buffered_incoming` decodes
+    // the others).
+    matches!(tag, b'Q' | b'B' | b'D' | b'E' | b'S' | b'P')
+}
+
+/// Where the NUL-terminated string starting at `at` in `frame` is (without its NUL).
+pub(super) fn cstring_at(frame: &[u8], at: usize) -> Option<std::ops::Range<usize>> {
+    let rest = frame.get(at..)?;
+    let len = rest.iter().position(|&b| b == 0)?;
+    Some(at..at + len)
+}
+
+/// A Bind's portal and statement names (after the type and length).
+pub(super) fn bind_names(frame: &[u8]) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let portal = cstring_at(frame, 5)?;
+    let statement = cstring_at(frame, portal.end + 1)?;
+    Some((portal, statement))
+}
+
+/// The Bind `frame` with its statement's name (at `statement`) replaced by `name`.
+pub(super) fn renamed_bind(
+    frame: &[u8],
+    statement: std::ops::Range<usize>,
+    name: &str,
+    out: &mut BytesMut,
+) {
+    let length = frame.len() - 1 - statement.len() + name.len();
+    out.reserve(1 + length);
+    out.extend_from_slice(b"B");
+    out.extend_from_slice(&(length as u32).to_be_bytes());
+    out.extend_from_slice(&frame[5..statement.start]);
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&frame[statement.end..]);
+}
+
+pub(super) fn utf8(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}

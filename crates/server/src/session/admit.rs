@@ -1,0 +1,793 @@
+//! Admission, one piece for both paths (the embedded engine's statements and those forwarded
+//! upstream): the workload a statement runs in (pinned, requested, classified, its lane), its
+//! `system.processes` entry and record, then every resource its workload's tree asks for —
+//! query slots, CPU threads, memory — waited for in order, with the statement's stop
+//! ([`Stop`]: a cancel, a kill, its client gone, `max_execution_time`) and the notices it
+//! tells the client while it waits.
+//!
+//! Invariant: what an admission took is held by its [`Admitted`] (its [`Held`] first) and let
+//! go when that is dropped, however the statement ends.
+
+use super::*;
+
+/// What a statement tells the client besides its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Notice,
+    Warning,
+}
+
+/// Where a statement's notices go while it runs: the client, or nowhere.
+#[async_trait]
+pub trait Notices: Send {
+    async fn notice(&mut self, severity: Severity, sqlstate: &str, text: String);
+}
+
+/// Notices dropped (`sluice local`).
+#[derive(Debug)]
+pub struct NoNotices;
+
+#[async_trait]
+impl Notices for NoNotices {
+    async fn notice(&mut self, _severity: Severity, _sqlstate: &str, _text: String) {}
+}
+
+/// Notices sent to the client as NoticeResponse messages, at once (before the statement's
+/// result), so psql prints them while the statement waits.
+pub(crate) struct ClientNotices<'a, C>(pub &'a mut C);
+
+#[async_trait]
+impl<C> Notices for ClientNotices<'_, C>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+{
+    async fn notice(&mut self, severity: Severity, sqlstate: &str, text: String) {
+        let severity = match severity {
+            Severity::Notice => "NOTICE",
+            Severity::Warning => "WARNING",
+        };
+        let info = ErrorInfo::new(severity.to_owned(), sqlstate.to_owned(), text);
+        // A client gone away is noticed by the statement's own I/O; nothing to do here.
+        let _ = self
+            .0
+            .send(PgWireBackendMessage::NoticeResponse(info.into()))
+            .await;
+    }
+}
+
+/// What admission keeps of a statement between its runs, made at its first (a prepared
+/// statement runs many times; one run's text gets a memo of its own, used once).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatementMemo {
+    /// Its fingerprint (otherwise looked up by text at each run).
+    fingerprint: std::sync::OnceLock<Arc<sluice_sql::Fingerprint>>,
+    /// Its text, shared by each run's `system.processes` entry and record.
+    text: std::sync::OnceLock<Arc<str>>,
+}
+
+/// What `slot` keeps (made now if it is empty), or, without a slot, `make`'s.
+fn kept<T: Clone>(slot: Option<&std::sync::OnceLock<T>>, make: impl FnOnce() -> T) -> T {
+    match slot {
+        Some(slot) => slot.get_or_init(make).clone(),
+        None => make(),
+    }
+}
+
+/// What a statement holds until its last row is sent, dropped in this order: its
+/// `system.processes` entry first (so it is never seen running beside its successor), then
+/// its grant (permits, gauges, memory), then its demotion timer. `Held::default()` holds
+/// nothing (sluice's own answers).
+#[derive(Default)]
+pub(crate) struct Held {
+    _process: Option<crate::state::ProcessGuard>,
+    _grant: Option<Arc<Mutex<Grant>>>,
+    _demoter: Option<crate::demotion::AbortOnDrop>,
+}
+
+/// A statement admitted by every resource its workload asks for, not yet run.
+pub(crate) struct Admitted {
+    /// First, so dropped first: its process entry, grant and demotion timer.
+    pub hold: Held,
+    pub grant: Arc<Mutex<Grant>>,
+    /// The CPU threads it holds (its parallelism); `None`: no CPU resource applies.
+    pub threads: Option<usize>,
+    pub memory: Option<Arc<crate::memory::StatementMemory>>,
+    /// `reserve_memory`: the bytes its memory was admitted with.
+    pub reserve_memory: u64,
+    /// What ends it early: a cancel, a kill, its client going away, `max_execution_time`.
+    pub stop: Stop,
+}
+
+/// What ends an admitted statement early, whichever comes first: its [`Control`] stopped (a
+/// cancel request, `KILL QUERY`, an eviction, the shutdown's grace running out), its client
+/// going away, its `max_execution_time`. A future polled by the statement's connection only;
+/// nothing is registered anywhere until it is first polled, and a statement that answers at
+/// once never polls it.
+///
+/// [`Control`]: crate::state::Control
+pub(crate) struct Stop {
+    control: Arc<crate::state::Control>,
+    watch: Arc<ClientWatch>,
+    watching: crate::watch::Watching,
+    timeout: Option<Timeout>,
+}
+
+/// A statement's `max_execution_time`: its timer is made when the stop is first polled.
+struct Timeout {
+    at: tokio::time::Instant,
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// For the error's word on a demotion.
+    grant: Option<Arc<Mutex<Grant>>>,
+}
+
+impl Future for Stop {
+    type Output = Error;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Error> {
+        if let Poll::Ready(e) = self.control.poll_stopped(cx) {
+            return Poll::Ready(e);
+        }
+        if let Some(timeout) = self.timeout.as_mut() {
+            let at = timeout.at;
+            let timer = timeout
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(timeout_exceeded(timeout.limit, timeout.grant.as_ref()));
+            }
+        }
+        let this = &mut *self;
+        match this.watch.poll_gone(cx, &mut this.watching) {
+            Poll::Ready(()) => Poll::Ready(client_gone()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The hard limit's error. Told apart from a demotion in words: the statement failed and is
+/// not retried (a soft deadline, `demote_after`, moves a statement and lets it finish).
+fn timeout_exceeded(limit: Duration, grant: Option<&Arc<Mutex<Grant>>>) -> Error {
+    let demoted = grant.and_then(|g| {
+        let g = g.lock().unwrap_or_else(|p| p.into_inner());
+        g.demoted.as_ref().map(|(from, _)| {
+            format!(
+                "; it had been demoted from '{from}' to '{}' before",
+                g.workload
+            )
+        })
+    });
+    Error::new(
+        ErrorCode::TimeoutExceeded,
+        format!(
+            "Timeout exceeded: elapsed {:.3} seconds, maximum: {:.3}. max_execution_time is a hard limit: the statement was stopped and is not retried{}",
+            limit.as_secs_f64(),
+            limit.as_secs_f64(),
+            demoted.unwrap_or_default()
+        ),
+    )
+}
+
+/// The error of a statement whose client went away (nobody receives it; it ends the work).
+/// Resolves at `deadline`, or never without one.
+async fn until(deadline: Option<(tokio::time::Instant, Duration)>) {
+    match deadline {
+        Some((at, _)) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A statement that waited `workload_admission_timeout_ms` for a query slot.
+fn memory_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
+    Error::new(
+        ErrorCode::MemoryReservationAcquisitionTimeout,
+        format!(
+            "Memory reservation acquisition timed out: waited {} ms (workload_admission_timeout_ms) for reserve_memory in resource '{resource}' of workload '{workload}'; the statement did not start. Raise the timeout, lower reserve_memory, or raise the workload's max_memory",
+            limit.as_millis()
+        ),
+    )
+}
+
+fn slot_timeout(limit: Duration, workload: &str, resource: &str) -> Error {
+    Error::new(
+        ErrorCode::QuerySlotAcquisitionTimeout,
+        format!(
+            "Query slot acquisition timed out: waited {} ms (workload_admission_timeout_ms) for resource '{resource}' in workload '{workload}'; the statement did not start. Raise the timeout, or the workload's limit on it (max_concurrent_queries, max_concurrent_threads)",
+            limit.as_millis()
+        ),
+    )
+}
+
+fn client_gone() -> Error {
+    Error::new(
+        ErrorCode::QueryWasCancelled,
+        "the client closed its connection; the statement was dropped",
+    )
+}
+
+impl Connection {
+    /// The workload a query runs in, classifiers aside: [`Connection::chosen_workload`], else
+    /// [`Connection::fallback_workload`].
+    pub(super) fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
+        Ok(match self.chosen_workload(user, requested)? {
+            Some(w) => w.to_string(),
+            None => self.fallback_workload(user).to_string(),
+        })
+    }
+
+    /// The workload chosen for a query before any classifier is asked: the user's pinned one
+    /// (a request for another is refused), else the `SETTINGS` tail's, else the session's.
+    ///
+    /// Shared with the connection's last statement when it names the same (no copy).
+    pub(super) fn chosen_workload(
+        &self,
+        user: &str,
+        requested: Option<String>,
+    ) -> Result<Option<Arc<str>>> {
+        let requested = match requested {
+            Some(r) => Some(self.shared_name(&r)),
+            None => self.with_var("workload", |v| v.map(|v| self.shared_name(v))),
+        };
+        let config = self.shared.users.get(user);
+        if let Some(pinned) = config.and_then(|u| u.pinned_workload.as_ref()) {
+            if let Some(r) = &requested {
+                self.check_pinned(user, r)?;
+            }
+            return Ok(Some(self.shared_name(pinned)));
+        }
+        Ok(requested)
+    }
+
+    /// Where a query nobody chose a workload for, and no classifier placed, runs: its user's
+    /// `default_workload`, else `default`.
+    pub(super) fn fallback_workload(&self, user: &str) -> &str {
+        self.shared
+            .users
+            .get(user)
+            .and_then(|u| u.default_workload.as_deref())
+            .unwrap_or("default")
+    }
+
+    /// The classifiers' verdict on a query nobody chose a workload for: the rule that places
+    /// it, with what it was judged on. Dry-run rules that match before it count and log.
+    pub(super) fn classify(
+        &self,
+        user: &str,
+        query: &Query,
+        tags: &[(String, String)],
+        catalog: &sluice_catalog::Catalog,
+    ) -> Option<Arc<crate::state::Classified>> {
+        let rules = catalog.rules();
+        if rules.is_empty() {
+            return None;
+        }
+        let application_name = self.var("application_name");
+        let facts = sluice_catalog::Facts {
+            user,
+            database: self.database.get().map(String::as_str),
+            application_name: application_name.as_deref(),
+            client_addr: self.peer,
+            statement_kind: query.kind,
+            query: &query.text,
+            tags,
+        };
+        let rule = rules.classify(&facts, |dry| {
+            tracing::info!(
+                classifier = %dry.name,
+                would_route_to = %dry.workload,
+                user,
+                "dry-run classifier matched"
+            );
+        })?;
+        Some(Arc::new(crate::state::Classified {
+            rule: rule.clone(),
+            facts: sluice_catalog::OwnedFacts::of(&facts),
+            fallback: self.fallback_workload(user).to_string(),
+        }))
+    }
+
+    pub(super) fn check_pinned(&self, user: &str, workload: &str) -> Result<()> {
+        match self.shared.users.get(user).and_then(|u| u.pinned_workload.as_ref()) {
+            Some(pinned) if pinned != workload => Err(Error::new(
+                ErrorCode::SettingConstraintViolation,
+                format!("Setting workload should not be changed: user '{user}' runs in workload '{pinned}' only"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// How long a statement may wait for admission: the query's `workload_admission_timeout_ms`,
+    /// else the session's (`SET`), else its user's default; 0 (or nothing) is no limit.
+    pub(super) fn admission_timeout(
+        &self,
+        user: &str,
+        query: Option<Duration>,
+    ) -> Result<Option<Duration>> {
+        let session = self.with_var("workload_admission_timeout_ms", |v| match v {
+            None => Ok(None),
+            Some(v) => Ok(Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("setting 'workload_admission_timeout_ms' takes milliseconds (an integer), got '{v}'"),
+                )
+            })?))),
+        })?;
+        let chosen = query.or(session).or_else(|| {
+            self.shared
+                .users
+                .get(user)
+                .and_then(|u| u.admission_timeout)
+        });
+        Ok(chosen.filter(|d| !d.is_zero()))
+    }
+
+    /// What ends a statement early, once admitted (see [`Stop`]).
+    pub(super) fn stop(
+        &self,
+        max_execution_time: Option<Duration>,
+        grant: Option<Arc<Mutex<Grant>>>,
+        control: Arc<crate::state::Control>,
+    ) -> Stop {
+        Stop {
+            control,
+            watch: self.watch.clone(),
+            watching: crate::watch::Watching::starting_now(),
+            timeout: max_execution_time.map(|limit| Timeout {
+                at: tokio::time::Instant::now() + limit,
+                limit,
+                timer: None,
+                grant,
+            }),
+        }
+    }
+
+    /// Admits `query`: its workload (chosen, classified, its lane), its place in
+    /// `system.processes`, then every resource its workload's tree asks for. The record of
+    /// the run is put in `record` as soon as there is one, so a failure is recorded too.
+    pub(crate) async fn admit(
+        &self,
+        user: &Arc<str>,
+        query: &Query,
+        memo: Option<&StatementMemo>,
+        notices: &mut dyn Notices,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Admitted> {
+        let settings = query_settings(&query.settings)?;
+        let chosen = self.chosen_workload(user, settings.workload.clone())?;
+        if self.shared.phase() != Phase::Serving {
+            return Err(shutting_down(self.shared.phase()));
+        }
+        let snapshot = self.shared.snapshot();
+        let fingerprint = kept(memo.map(|m| &m.fingerprint), || self.fingerprint_of(query));
+        let classified = match chosen {
+            Some(_) => None,
+            None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
+        };
+        let requested = match (chosen, &classified) {
+            (Some(w), _) => w,
+            (None, Some(c)) => self.shared_name(&c.rule.workload),
+            (None, None) => self.shared_name(self.fallback_workload(user)),
+        };
+        let judged_by = snapshot.catalog.lanes(&requested).demotion;
+        let workload = self.lane_of(
+            &snapshot.catalog,
+            user,
+            requested,
+            judged_by.as_ref(),
+            &fingerprint,
+        );
+        // One copy of the text for the statement's process entry and its record (none for a
+        // prepared statement's run: it keeps its copy).
+        let text = kept(memo.map(|m| &m.text), || Arc::from(query.text.as_str()));
+        *record = Some(RunRecord::new(
+            self.shared.clone(),
+            0,
+            user,
+            &workload,
+            fingerprint,
+            &text,
+            judged_by,
+        ));
+        self.admit_in(
+            user, &workload, classified, &text, settings, notices, record,
+        )
+        .await
+    }
+
+    /// The metrics series of `workload` in `resource`, from the connection's own few.
+    pub(super) fn series(
+        &self,
+        resource: &str,
+        workload: &Arc<str>,
+    ) -> Arc<crate::metrics::Series> {
+        let mut kept = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, s)) = kept
+            .iter()
+            .find(|(r, w, _)| r == resource && (Arc::ptr_eq(w, workload) || w == workload))
+        {
+            return s.clone();
+        }
+        let s = self.shared.metrics.series(resource, workload);
+        if kept.len() >= SERIES_KEPT {
+            kept.remove(0);
+        }
+        kept.push((resource.to_string(), workload.clone(), s.clone()));
+        s
+    }
+
+    /// `workload` as the connection's last statement had it, or anew.
+    pub(super) fn shared_name(&self, workload: &str) -> Arc<str> {
+        let mut last = self.last_workload.lock().unwrap_or_else(|p| p.into_inner());
+        match &*last {
+            Some(name) if **name == *workload => name.clone(),
+            _ => last.insert(Arc::from(workload)).clone(),
+        }
+    }
+
+    /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
+    /// statement run with new values each time (most are) is lexed for it once.
+    pub(super) fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
+        let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
+        let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = kept.get(key.as_ref()) {
+            return f.clone();
+        }
+        let f = Arc::new(sluice_sql::fingerprint(&query.text));
+        if kept.len() >= FINGERPRINTS_KEPT {
+            kept.clear();
+        }
+        kept.insert(key.into_owned(), f.clone());
+        f
+    }
+
+    /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
+    pub(super) fn lane_of(
+        &self,
+        catalog: &sluice_catalog::Catalog,
+        user: &str,
+        requested: Arc<str>,
+        demotion: Option<&sluice_catalog::Demotion>,
+        fingerprint: &sluice_sql::Fingerprint,
+    ) -> Arc<str> {
+        let user_pinned = self
+            .shared
+            .users
+            .get(user)
+            .is_some_and(|u| u.pinned_workload.is_some());
+        crate::lanes::lane_for(
+            &self.shared.lanes,
+            catalog,
+            user_pinned,
+            demotion,
+            fingerprint,
+        )
+        .map_or(requested, |lane| self.shared_name(&lane))
+    }
+
+    /// Waits for one slot of each resource of `order` in turn (a QUERY slot, a master thread),
+    /// adding each permit to `attachments`. A `MOVE QUERY` meanwhile moves the request and the
+    /// permits already held to the new `workload`; a kill, the client going away, shutdown or
+    /// the admission deadline end the wait with their error.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn wait_for_slots(
+        &self,
+        order: &[(&String, &sluice_sched::ResourceScheduler)],
+        guard: &crate::state::ProcessGuard,
+        snapshot: &crate::state::Snapshot,
+        workload: &mut Arc<str>,
+        attachments: &mut Vec<Attachment>,
+        admission_deadline: Option<(tokio::time::Instant, Duration)>,
+        notices: &mut dyn Notices,
+    ) -> Result<()> {
+        let mut resources = order.iter().copied();
+        let mut next = resources.next();
+        let mut shown_waiting = false;
+        'resources: while let Some((resource, scheduler)) = next {
+            let arrived = std::time::Instant::now();
+            let acquired = scheduler.acquire_known(workload, 1).inspect_err(|e| {
+                if e.code == ErrorCode::ServerOverloaded {
+                    self.series(resource, workload).rejected();
+                }
+            })?;
+            let Some(mut acquire) = acquired else {
+                if self.shared.options.throw_on_unknown_workload {
+                    return Err(access_denied(resource));
+                }
+                next = resources.next();
+                continue;
+            };
+            let mut series = self.series(resource, workload);
+            let mut counted_waiting = series.waiting();
+            if !acquire.is_granted() {
+                shown_waiting = true;
+                guard.waiting_for(Some(resource));
+                notices
+                    .notice(
+                        Severity::Notice,
+                        "00000",
+                        format!(
+                            "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
+                            acquire.queue_path(),
+                            guard.query_id
+                        ),
+                    )
+                    .await;
+            }
+            let permit = loop {
+                if acquire.is_granted() {
+                    break (&mut acquire).await?;
+                }
+                tokio::select! {
+                    permit = &mut acquire => break permit?,
+                    e = guard.control.killed() => return Err(e),
+                    to = guard.control.moved() => {
+                        // Into the new workload's queue, in arrival order (this resource's
+                        // request moves; the permits already held move with it).
+                        let in_place = match acquire.move_to(&to) {
+                            Ok(moved) => moved,
+                            Err(e) => {
+                                tracing::warn!(query_id = guard.query_id, to = %to, "waiting query not moved: {e}");
+                                continue;
+                            }
+                        };
+                        for held in attachments.iter_mut() {
+                            if let Some(s) = snapshot.schedulers.get(&held.resource) {
+                                held.permit.move_to(s, &to)?;
+                            }
+                            held.in_flight = self.shared.metrics.series(&held.resource, &to).held();
+                        }
+                        tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
+                        self.shared.show_in(guard.query_id, &to);
+                        *workload = Arc::from(to);
+                        drop(counted_waiting);
+                        if !in_place {
+                            // Granted meanwhile, or no queue for it here: ask this resource
+                            // again in the new workload (the old request is let go).
+                            continue 'resources;
+                        }
+                        series = self.series(resource, workload);
+                        counted_waiting = series.waiting();
+                    }
+                    _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+                    _ = self.watch.gone() => return Err(client_gone()),
+                    _ = until(admission_deadline) => {
+                        let limit = admission_deadline.map_or(Duration::ZERO, |(_, l)| l);
+                        return Err(slot_timeout(limit, workload, resource));
+                    }
+                }
+            };
+            drop(counted_waiting);
+            attachments.push(Attachment {
+                resource: resource.clone(),
+                permit,
+                in_flight: series.admitted(arrived.elapsed()),
+                // A master thread's slot is the statement's slot 0 (its workers are 1..).
+                cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
+                    .then_some(0),
+            });
+            // Only a wait was shown: most statements are granted at once.
+            if std::mem::take(&mut shown_waiting) {
+                guard.waiting_for(None);
+            }
+            next = resources.next();
+        }
+        Ok(())
+    }
+
+    /// The statement's memory in its workload: its allocation in the MEMORY RESERVATION
+    /// resource, admitted with `reserve_memory` bytes (waiting for them in its queue), and its
+    /// `max_memory_usage` cap. `None` when neither applies.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn reserve_memory(
+        &self,
+        guard: &crate::state::ProcessGuard,
+        snapshot: &crate::state::Snapshot,
+        workload: &str,
+        settings: &QuerySettings,
+        admission_deadline: Option<(tokio::time::Instant, Duration)>,
+        notices: &mut dyn Notices,
+    ) -> Result<Option<Arc<crate::memory::StatementMemory>>> {
+        // More than the engine may ever hold can never be used, and would let the tree's sums
+        // run past what an i64 counts.
+        let engine = self.shared.options.engine_memory() as u64;
+        if settings.reserve_memory > engine {
+            return Err(Error::new(
+                ErrorCode::ResourceLimitExceeded,
+                format!(
+                    "reserve_memory = {} exceeds the {engine} bytes the engine's queries may hold together (server.engine_memory_ratio of server.memory)",
+                    settings.reserve_memory
+                ),
+            ));
+        }
+        let reserve = i64::try_from(settings.reserve_memory).unwrap_or(i64::MAX);
+        let cap = (settings.max_memory_usage > 0)
+            .then(|| i64::try_from(settings.max_memory_usage).unwrap_or(i64::MAX));
+        let mut allocation = None;
+        if let Some((resource, scheduler)) = snapshot.memory.iter().next() {
+            if !scheduler.has_workload(workload) {
+                if self.shared.options.throw_on_unknown_workload {
+                    return Err(access_denied(resource));
+                }
+            } else {
+                let control = guard.control.clone();
+                let kill: sluice_sched::KillSwitch = Arc::new(move |e| control.stop_with(e));
+                let mut pending = scheduler.allocate(workload, reserve, kill)?;
+                if !pending.is_admitted() {
+                    guard.waiting_for(Some(resource));
+                    notices
+                        .notice(
+                            Severity::Notice,
+                            "00000",
+                            format!(
+                                "waiting for {reserve} bytes of resource '{resource}' in workload '{workload}' (reserve_memory); system.processes shows it as query_id {}",
+                                guard.query_id
+                            ),
+                        )
+                        .await;
+                }
+                let admitted = tokio::select! {
+                    admitted = &mut pending => admitted?,
+                    e = guard.control.killed() => return Err(e),
+                    _ = self.shared.reached(Phase::Draining) => return Err(shutting_down(Phase::Draining)),
+                    _ = self.watch.gone() => return Err(client_gone()),
+                    _ = until(admission_deadline) => {
+                        let limit = admission_deadline.map_or(Duration::ZERO, |(_, l)| l);
+                        return Err(memory_timeout(limit, workload, resource));
+                    }
+                };
+                guard.waiting_for(None);
+                allocation = Some(admitted);
+            }
+        }
+        if allocation.is_none() && cap.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(crate::memory::StatementMemory::new(
+            allocation, reserve, cap,
+        ))))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn admit_in(
+        &self,
+        user: &Arc<str>,
+        workload: &Arc<str>,
+        classified: Option<Arc<crate::state::Classified>>,
+        text: &Arc<str>,
+        settings: QuerySettings,
+        notices: &mut dyn Notices,
+        record: &mut Option<RunRecord>,
+    ) -> Result<Admitted> {
+        // A query slot and a master thread's, most often.
+        let mut attachments: Vec<Attachment> = Vec::with_capacity(2);
+        let pid = self.cancel.get().map(|(pid, _)| *pid);
+        let guard = self.shared.register(user, workload, text, pid);
+        // Only a statement a rule placed can be placed again while it waits.
+        let placed_by_rule = classified.is_some();
+        guard.classified(classified);
+        if let Some(record) = record.as_mut() {
+            record.set_query_id(guard.query_id);
+        }
+        // Where it queues; a `MOVE QUERY` while it waits changes it.
+        let mut workload = workload.clone();
+        // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
+        let admission_deadline = self
+            .admission_timeout(user, settings.admission_timeout)?
+            .map(|limit| (tokio::time::Instant::now() + limit, limit));
+        let snapshot = self.shared.snapshot();
+        let cpu_scheduled = !settings.no_concurrency_control;
+        // Its query slot, then its memory reservation, then its master thread.
+        let slot = snapshot.query_slot();
+        self.wait_for_slots(
+            slot.as_slice(),
+            &guard,
+            &snapshot,
+            &mut workload,
+            &mut attachments,
+            admission_deadline,
+            notices,
+        )
+        .await?;
+        let memory = self
+            .reserve_memory(
+                &guard,
+                &snapshot,
+                &workload,
+                &settings,
+                admission_deadline,
+                notices,
+            )
+            .await?;
+        if cpu_scheduled {
+            let master = snapshot.master();
+            self.wait_for_slots(
+                master.as_slice(),
+                &guard,
+                &snapshot,
+                &mut workload,
+                &mut attachments,
+                admission_deadline,
+                notices,
+            )
+            .await?;
+        }
+        // Worker threads: as many as are free now, up to max_threads - 1, never waited for
+        // (reference §4.8); the statement's parallelism is the threads it holds.
+        let threads = match snapshot.workers() {
+            Some((resource, scheduler)) if cpu_scheduled && scheduler.has_workload(&workload) => {
+                let wanted = settings
+                    .max_threads
+                    .filter(|&n| n > 0)
+                    .unwrap_or(self.shared.options.machine.cores as usize)
+                    .max(1);
+                let series = self.shared.metrics.series(resource, &workload);
+                let mut threads = 1;
+                while threads < wanted {
+                    let Some(permit) = scheduler.try_acquire(&workload, 1) else {
+                        break;
+                    };
+                    attachments.push(Attachment {
+                        resource: resource.clone(),
+                        permit,
+                        in_flight: series.held(),
+                        cpu_slot: Some(threads),
+                    });
+                    threads += 1;
+                }
+                Some(threads)
+            }
+            _ => settings.max_threads,
+        };
+        // The statement's memory is held by its grant, not by the engine (which lets go of its
+        // runtime once the plan is started), so the allocation lasts as long as the statement
+        // and moves with it.
+        let grant = Arc::new(Mutex::new(Grant {
+            workload: workload.clone(),
+            attachments,
+            memory: memory.clone(),
+            demoted: None,
+        }));
+        guard.running(grant.clone());
+        if let Some(record) = record.as_mut() {
+            let classifier = placed_by_rule
+                .then(|| self.shared.classifier_of(guard.query_id))
+                .flatten();
+            record.admitted(grant.clone(), classifier);
+        }
+        let lanes = snapshot.catalog.lanes(&workload);
+        // Its soft deadline: demoted (moved, never stopped) when it outlives it.
+        let demoter = lanes.demotion.is_some().then(|| {
+            let task = crate::demotion::demote_when_due(
+                self.shared.clone(),
+                guard.query_id,
+                tokio::time::Instant::now(),
+            );
+            crate::demotion::AbortOnDrop(tokio::spawn(task))
+        });
+        let control = guard.control.clone();
+        let hold = Held {
+            _process: Some(guard),
+            _grant: Some(grant.clone()),
+            _demoter: demoter,
+        };
+        // The hard limit: the query's own, else its user's, else its workload's.
+        let limit = settings
+            .max_execution_time
+            .or_else(|| {
+                self.shared
+                    .users
+                    .get(user)
+                    .and_then(|u| u.max_execution_time)
+            })
+            .or(lanes.max_execution_time);
+        let stop = self.stop(limit, Some(grant.clone()), control);
+        Ok(Admitted {
+            hold,
+            grant,
+            threads,
+            memory,
+            reserve_memory: settings.reserve_memory,
+            stop,
+        })
+    }
+}
