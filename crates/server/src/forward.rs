@@ -439,6 +439,12 @@ impl Forwarder {
                 self.simple_query(text, pieces, raw, socket, connection)
                     .await
             }
+            Step::Deallocate { name } => {
+                self.settle(socket, connection).await?;
+                self.statements.remove(&name);
+                write_raw(socket, &messages::command_complete("DEALLOCATE")).await?;
+                self.ready(socket).await
+            }
             Step::Sync => self.run_batch(socket, connection, true).await,
             Step::Flush => self.run_batch(socket, connection, false).await,
             other => {

@@ -47,6 +47,15 @@ pub mod messages {
         [tag, 0, 0, 0, 4]
     }
 
+    /// CommandComplete with `tag`.
+    pub fn command_complete(tag: &str) -> Vec<u8> {
+        let mut out = vec![b'C'];
+        out.extend_from_slice(&(tag.len() as u32 + 5).to_be_bytes());
+        out.extend_from_slice(tag.as_bytes());
+        out.push(0);
+        out
+    }
+
     /// The frontend's Sync.
     pub const SYNC: [u8; 5] = bodiless(b'S');
 

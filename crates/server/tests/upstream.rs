@@ -1893,3 +1893,47 @@ async fn a_cancel_stops_a_copy_out_that_keeps_streaming() {
         assert!(rows < 50_000_000, "{mode:?}");
     }
 }
+
+#[tokio::test]
+async fn deallocate_of_a_protocol_statement_in_transaction_pooling_is_as_direct() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(PoolMode::Transaction, 2).await;
+    let mut socket = raw_client(s.server.port).await;
+    // A statement prepared with the protocol (its pooled name upstream is sluice's), then
+    // dropped with SQL by the client's name, as psycopg and other drivers do.
+    let mut parse = b"Stmt1\0SELECT 7\0".to_vec();
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut exchange = message(b'P', &parse);
+    exchange.extend(message(b'S', b""));
+    socket.write_all(&exchange).await.expect("parse");
+    assert_eq!(tags_until_ready(&mut socket).await, "1Z");
+    socket
+        .write_all(&message(b'Q', b"DEALLOCATE \"Stmt1\"\0"))
+        .await
+        .expect("deallocate");
+    let answer = messages_until_ready(&mut socket).await;
+    assert_eq!(answer[0], (b'C', b"DEALLOCATE\0".to_vec()), "{answer:?}");
+    assert_eq!(answer.len(), 2);
+    // Gone, as PostgreSQL says it is.
+    let mut bind = b"\0Stmt1\0".to_vec();
+    bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut exchange = message(b'B', &bind);
+    exchange.extend(message(b'S', b""));
+    socket.write_all(&exchange).await.expect("bind");
+    let answer = messages_until_ready(&mut socket).await;
+    let error = String::from_utf8_lossy(&answer[0].1).into_owned();
+    assert_eq!(answer[0].0, b'E');
+    assert!(
+        error.contains("26000") && error.contains("Stmt1"),
+        "{error}"
+    );
+    // DEALLOCATE of a name sluice does not pool still goes upstream (and fails there as
+    // directly).
+    socket
+        .write_all(&message(b'Q', b"DEALLOCATE nosuch\0"))
+        .await
+        .expect("deallocate");
+    let answer = messages_until_ready(&mut socket).await;
+    assert_eq!(answer[0].0, b'E');
+    assert!(String::from_utf8_lossy(&answer[0].1).contains("26000"));
+}

@@ -229,6 +229,12 @@ impl Prepared {
 /// A message for the upstream, with what routing found out about it.
 #[derive(Debug)]
 pub enum Step {
+    /// `DEALLOCATE name` of a statement the client prepared with the protocol, in transaction
+    /// pooling: upstream it goes by sluice's pooled name, so sluice forgets the client's name
+    /// and answers as PostgreSQL would.
+    Deallocate {
+        name: String,
+    },
     /// A simple Query: its statements, each with what is forwarded of it (`None`: sluice's).
     Query {
         text: String,
@@ -298,6 +304,11 @@ impl Forwarder {
     pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
         let name = |n: &Option<String>| n.clone().unwrap_or_default();
         let step = match message {
+            PgWireFrontendMessage::Query(q) if self.pooled_deallocate(&q.query).is_some() => {
+                Step::Deallocate {
+                    name: self.pooled_deallocate(&q.query).unwrap_or_default(),
+                }
+            }
             PgWireFrontendMessage::Query(q) => match query_pieces(&q.query) {
                 Some(pieces) => Step::Query {
                     text: q.query,
@@ -443,6 +454,9 @@ impl Forwarder {
                     Ok(text) => (std::borrow::Cow::Borrowed(text), true),
                     Err(_) => (String::from_utf8_lossy(text), false),
                 };
+                if let Some(name) = self.pooled_deallocate(&text) {
+                    return RoutedRaw::Upstream(Step::Deallocate { name });
+                }
                 match query_pieces(&text) {
                     Some(pieces) => {
                         let text = text.into_owned();
@@ -573,4 +587,68 @@ pub(super) fn renamed_bind(
 
 pub(super) fn utf8(bytes: &[u8]) -> Option<&str> {
     std::str::from_utf8(bytes).ok()
+}
+
+impl Forwarder {
+    /// The client's statement name a simple Query `DEALLOCATE [PREPARE] name` drops, when it
+    /// is one sluice pools (transaction pooling, a statement the client prepared with Parse).
+    pub(super) fn pooled_deallocate(&self, text: &str) -> Option<String> {
+        if self.upstream.options.pool_mode != PoolMode::Transaction || self.statements.is_empty() {
+            return None;
+        }
+        let name = deallocated_name(text)?;
+        self.statements.contains_key(&name).then_some(name)
+    }
+}
+
+/// The name `DEALLOCATE [PREPARE] name` drops, as PostgreSQL reads it (an unquoted name folded
+/// to lower case, a quoted one as written); `None` for any other text (`DEALLOCATE ALL`
+/// included, which goes upstream).
+pub(super) fn deallocated_name(text: &str) -> Option<String> {
+    let text = text.trim().trim_end_matches(';').trim_end();
+    let (word, rest) = text.split_at(text.find(char::is_whitespace)?);
+    if !word.eq_ignore_ascii_case("deallocate") {
+        return None;
+    }
+    let mut rest = rest.trim_start();
+    if let Some(i) = rest.find(char::is_whitespace) {
+        if rest[..i].eq_ignore_ascii_case("prepare") {
+            rest = rest[i..].trim_start();
+        }
+    }
+    if let Some(quoted) = rest.strip_prefix('"') {
+        let inner = quoted.strip_suffix('"')?;
+        // A lone quote inside would end the name early: not one name.
+        if inner.replace("\"\"", "").contains('"') {
+            return None;
+        }
+        return Some(inner.replace("\"\"", "\""));
+    }
+    let plain = rest
+        .chars()
+        .all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+        && rest
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_');
+    (plain && !rest.eq_ignore_ascii_case("all")).then(|| rest.to_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deallocate_names_are_read_as_postgres_reads_them() {
+        let name = |t: &str| deallocated_name(t);
+        assert_eq!(name("DEALLOCATE _pg3_0"), Some("_pg3_0".into()));
+        assert_eq!(name("  deallocate prepare Stmt ; "), Some("stmt".into()));
+        assert_eq!(name("DEALLOCATE \"My \"\"S\"\"\""), Some("My \"S\"".into()));
+        assert_eq!(name("DEALLOCATE ALL"), None);
+        assert_eq!(name("DEALLOCATE PREPARE ALL"), None);
+        assert_eq!(name("DEALLOCATE a; SELECT 1"), None);
+        assert_eq!(name("DEALLOCATE \"a\"b\""), None);
+        assert_eq!(name("SELECT 1"), None);
+        assert_eq!(name("DEALLOCATE"), None);
+    }
 }

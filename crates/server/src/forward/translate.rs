@@ -97,7 +97,7 @@ pub(super) fn translate(
                 answers.push_back(Expect::relay(Ends::One));
             }
         }
-        Step::Query { .. } | Step::Sync | Step::Flush => {}
+        Step::Deallocate { .. } | Step::Query { .. } | Step::Sync | Step::Flush => {}
     }
 }
 
