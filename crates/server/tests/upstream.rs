@@ -1467,11 +1467,21 @@ async fn sluice_for(
     pool_mode: PoolMode,
     auth_query: Option<&str>,
 ) -> (tempfile::TempDir, TestServer) {
+    sluice_sized(pg, url, pool_mode, auth_query, 4).await
+}
+
+async fn sluice_sized(
+    pg: &Postgres,
+    url: &str,
+    pool_mode: PoolMode,
+    auth_query: Option<&str>,
+    pool_size: usize,
+) -> (tempfile::TempDir, TestServer) {
     let data = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
         upstream: Some(UpstreamOptions {
             url: UpstreamUrl::parse(&format!("{url}?connect_timeout=5")).expect("url"),
-            pool_size: 4,
+            pool_size,
             pool_mode,
             admission: AdmissionMode::Statement,
             auth_query: auth_query.map(str::to_string),
@@ -1936,4 +1946,35 @@ async fn deallocate_of_a_protocol_statement_in_transaction_pooling_is_as_direct(
     let answer = messages_until_ready(&mut socket).await;
     assert_eq!(answer[0].0, b'E');
     assert!(String::from_utf8_lossy(&answer[0].1).contains("26000"));
+}
+
+#[tokio::test]
+async fn a_login_does_not_wait_for_a_pooled_connection() {
+    let pg_dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
+    make_roles(&pg, true).await;
+    // One pooled connection, which the first session-pooled client holds from its start-up.
+    let (_data, sluice) = sluice_sized(
+        &pg,
+        &format!("postgres://owner:owner-pw@127.0.0.1:{}/shop", pg.port),
+        PoolMode::Session,
+        Some(sluice_server::upstream::DEFAULT_AUTH_QUERY),
+        1,
+    )
+    .await;
+    let conn = |role: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={role} password={role}-pw dbname=shop connect_timeout=30",
+            sluice.port
+        )
+    };
+    let reader = connect(&conn("reader")).await.expect("reader");
+    assert_eq!(column(&reader, "SELECT current_user").await, ["reader"]);
+    // The second login reads its verifier on auth_query's own connection: it is not held up
+    // behind the pool (which would fail it after connect_timeout, 5 s here).
+    let writer = connect(&conn("writer"))
+        .await
+        .expect("a login while the pool is full");
+    drop(reader);
+    assert_eq!(column(&writer, "SELECT current_user").await, ["writer"]);
 }

@@ -49,6 +49,10 @@ pub struct Upstream {
     /// The run-time parameters its connections announce (`server_version`, `TimeZone`, …),
     /// passed on to clients at their start-up so they see the upstream's.
     parameters: Mutex<Vec<(String, String)>>,
+    /// `auth_query`'s own connection (the URL's user, kept between logins), outside
+    /// `pool_size` as PgBouncer's `auth_user` connection is: a login never waits for a pooled
+    /// connection, however many clients hold one.
+    auth: tokio::sync::Mutex<Option<UpstreamConnection>>,
 }
 
 /// Parameters of the upstream a client is told at start-up: those that describe the server
@@ -73,6 +77,7 @@ impl Upstream {
             pools: Mutex::default(),
             options,
             parameters: Mutex::default(),
+            auth: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -280,9 +285,26 @@ impl VerifierLookup for Upstream {
         };
         // An escape string reads the same whatever `standard_conforming_strings` is.
         let literal = format!("E'{}'", role.replace('\\', "\\\\").replace('\'', "''"));
-        let mut lent = self.pool.checkout().await?;
-        lent.query(&query.replace("$1", &literal)).await?;
-        let frames = lent.read_response().await?;
+        let mut kept = self.auth.lock().await;
+        let mut conn = match kept.take() {
+            Some(conn) => conn.at_home().map_err(|e| {
+                Error::new(
+                    ErrorCode::AllConnectionTriesFailed,
+                    format!(
+                        "upstream.auth_query's connection to {}: {e}",
+                        self.options.url
+                    ),
+                )
+            })?,
+            None => UpstreamConnection::connect(&self.options.url).await?,
+        };
+        if !conn.is_usable() {
+            conn = UpstreamConnection::connect(&self.options.url).await?;
+        }
+        conn.query(&query.replace("$1", &literal)).await?;
+        let frames = conn.read_response().await?;
+        // Kept for the next login only when it answered whole (an error above drops it).
+        *kept = Some(conn);
         let mut verifier = None;
         for frame in &frames {
             match frame.tag {
