@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use sluice_sql::Result;
 
 use crate::disks::covers;
-use crate::state::{Grant, Shared};
+use crate::registry::Grant;
+use crate::state::Shared;
 
 /// Where one statement's file IO waits: its workload's queues in the IO resources.
 #[derive(Debug)]

@@ -19,7 +19,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sluice_sql::Result;
 
-use crate::state::{Attachment, Grant, Shared};
+use crate::registry::{Attachment, Grant};
+use crate::state::Shared;
 
 #[derive(Debug)]
 pub struct SlotLease {

@@ -23,7 +23,9 @@
 //!   shared state.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight; it assembles the parts below.
-//! - Below it, knowing nothing of `Shared`: [`upstream`] (its options and pools),
+//! - Below it, knowing nothing of `Shared`: [`registry`] (what is in flight: a statement's
+//!   `Process` entry, its `Grant` and `Attachment`s, its `Control`, the `Flag` signal, cancel
+//!   keys — the map of them is `Shared`'s), [`upstream`] (its options and pools),
 //!   [`params`] (bind parameters), [`lanes`] (the learned lanes' book), [`query_log`],
 //!   [`metrics`] (the registry of series), [`disks`] (which disk holds a file), [`memory`],
 //!   [`settings`] (query and start-up settings as sluice reads them), [`frame`] (the wire's
@@ -64,6 +66,7 @@ pub mod page;
 pub mod params;
 pub mod query_log;
 pub mod record;
+pub mod registry;
 pub mod session;
 pub mod settings;
 pub mod simulate;

@@ -14,7 +14,8 @@ use sluice_sql::{first_chars, Error, ErrorCode, Fingerprint};
 
 use crate::lanes::Run;
 use crate::query_log::{Outcome, Row};
-use crate::state::{Grant, Shared};
+use crate::registry::Grant;
+use crate::state::Shared;
 
 /// A statement on its way, to be recorded when it ends.
 #[derive(Debug)]

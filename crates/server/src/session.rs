@@ -64,8 +64,9 @@ use crate::encode;
 use crate::error::to_pg;
 use crate::params;
 use crate::record::RunRecord;
+use crate::registry::{Attachment, CancelKey, Grant};
 use crate::settings::{query_settings, startup_settings, QuerySettings};
-use crate::state::{access_denied, shutting_down, Attachment, CancelKey, Grant, Phase, Shared};
+use crate::state::{access_denied, shutting_down, Phase, Shared};
 use crate::watch::ClientWatch;
 
 mod admit;
@@ -96,7 +97,7 @@ pub struct Connection {
     /// This connection's cancel key, registered at its first statement.
     cancel: std::sync::OnceLock<CancelKey>,
     /// Notified by `pg_terminate_backend`: the connection closes (its message loop watches).
-    pub terminate: Arc<crate::state::Flag>,
+    pub terminate: Arc<crate::registry::Flag>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
     /// The fingerprints of the statements this connection ran lately, by text with literals

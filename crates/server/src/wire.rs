@@ -74,7 +74,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
     tcp: TcpStream,
     tls: Option<TlsAcceptor>,
     handlers: H,
-    terminate: Arc<crate::state::Flag>,
+    terminate: Arc<crate::registry::Flag>,
     mut forwarding: Option<(crate::forward::Forwarder, Arc<crate::session::Connection>)>,
 ) -> io::Result<()> {
     let startup_deadline = tokio::time::sleep(STARTUP_TIMEOUT);

@@ -104,9 +104,9 @@ pub(crate) struct Admitted {
 /// nothing is registered anywhere until it is first polled, and a statement that answers at
 /// once never polls it.
 ///
-/// [`Control`]: crate::state::Control
+/// [`Control`]: crate::registry::Control
 pub(crate) struct Stop {
-    control: Arc<crate::state::Control>,
+    control: Arc<crate::registry::Control>,
     watch: Arc<ClientWatch>,
     watching: crate::watch::Watching,
     timeout: Option<Timeout>,
@@ -256,7 +256,7 @@ impl Connection {
         query: &Query,
         tags: &[(String, String)],
         catalog: &sluice_catalog::Catalog,
-    ) -> Option<Arc<crate::state::Classified>> {
+    ) -> Option<Arc<crate::registry::Classified>> {
         let rules = catalog.rules();
         if rules.is_empty() {
             return None;
@@ -279,7 +279,7 @@ impl Connection {
                 "dry-run classifier matched"
             );
         })?;
-        Some(Arc::new(crate::state::Classified {
+        Some(Arc::new(crate::registry::Classified {
             rule: rule.clone(),
             facts: sluice_catalog::OwnedFacts::of(&facts),
             fallback: self.fallback_workload(user).to_string(),
@@ -326,7 +326,7 @@ impl Connection {
         &self,
         max_execution_time: Option<Duration>,
         grant: Option<Arc<Mutex<Grant>>>,
-        control: Arc<crate::state::Control>,
+        control: Arc<crate::registry::Control>,
     ) -> Stop {
         Stop {
             control,
@@ -652,7 +652,7 @@ impl Connection {
         &self,
         user: &Arc<str>,
         workload: &Arc<str>,
-        classified: Option<Arc<crate::state::Classified>>,
+        classified: Option<Arc<crate::registry::Classified>>,
         text: &Arc<str>,
         settings: QuerySettings,
         notices: &mut dyn Notices,
