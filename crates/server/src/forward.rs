@@ -322,40 +322,37 @@ impl Forwarder {
                 socket.get_mut().flush().await?;
                 Err(session_ended())
             }
-            // Session pooling: the backend was the client's session (its pid the client's),
-            // so the session ends with it, as going direct.
-            other if self.upstream.options.pool_mode == PoolMode::Session => {
+            other => {
+                // Session pooling: the backend was the client's session (its pid the
+                // client's), so the session ends with it, as going direct; in transaction
+                // pooling the client's next statement gets another connection.
+                let session = self.upstream.options.pool_mode == PoolMode::Session;
                 tracing::info!(
-                    "upstream connection of an idle client ended ({}); so does the client's session",
+                    "upstream connection of an idle client ended ({}); {}",
                     match &other {
                         Ok(frame) => format!("'{}' message", frame.tag as char),
                         Err(e) => e.to_string(),
+                    },
+                    if session {
+                        "so does the client's session"
+                    } else {
+                        "its next statement gets a new one"
                     }
                 );
                 if let Some(lent) = self.lent.take() {
                     lent.discard();
                 }
-                let e = Error::new(
-                    sluice_sql::ErrorCode::AllConnectionTriesFailed,
-                    "the upstream connection of this session ended",
-                );
-                let fatal =
-                    ErrorInfo::new("FATAL".to_owned(), e.sqlstate().to_owned(), e.to_string());
-                socket
-                    .send(PgWireBackendMessage::ErrorResponse(fatal.into()))
-                    .await?;
-                Err(session_ended())
-            }
-            other => {
-                tracing::info!(
-                    "upstream connection of an idle client ended ({}); its next statement gets a new one",
-                    match &other {
-                        Ok(frame) => format!("'{}' message", frame.tag as char),
-                        Err(e) => e.to_string(),
-                    }
-                );
-                if let Some(lent) = self.lent.take() {
-                    lent.discard();
+                if session {
+                    let e = Error::new(
+                        sluice_sql::ErrorCode::AllConnectionTriesFailed,
+                        "the upstream connection of this session ended",
+                    );
+                    let fatal =
+                        ErrorInfo::new("FATAL".to_owned(), e.sqlstate().to_owned(), e.to_string());
+                    socket
+                        .send(PgWireBackendMessage::ErrorResponse(fatal.into()))
+                        .await?;
+                    return Err(session_ended());
                 }
                 self.status = TransactionStatus::Idle;
                 socket.set_transaction_status(TransactionStatus::Idle);

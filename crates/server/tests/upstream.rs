@@ -828,18 +828,36 @@ fn message(tag: u8, body: &[u8]) -> Vec<u8> {
 
 /// A client on a bare socket, past start-up (trust) and its first ReadyForQuery.
 async fn raw_client(port: u16) -> tokio::net::TcpStream {
+    let mut socket = send_startup(port, &[("user", "owner"), ("database", "shop")]).await;
+    messages_until_ready(&mut socket).await;
+    socket
+}
+
+/// A bare socket that has sent a start-up packet with `parameters`, nothing read yet.
+async fn send_startup(port: u16, parameters: &[(&str, &str)]) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connects");
-    let mut startup = Vec::new();
-    startup.extend_from_slice(&196608u32.to_be_bytes());
-    startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
+    let mut startup = 196608u32.to_be_bytes().to_vec();
+    for (name, value) in parameters {
+        startup.extend_from_slice(format!("{name}\0{value}\0").as_bytes());
+    }
+    startup.push(0);
     let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&startup);
     socket.write_all(&packet).await.expect("startup");
-    messages_until_ready(&mut socket).await;
     socket
+}
+
+/// The BackendKeyData among start-up messages: (pid, the whole body).
+fn backend_key(messages: Vec<(u8, Vec<u8>)>) -> (i32, Vec<u8>) {
+    let key = messages
+        .into_iter()
+        .find(|(tag, _)| *tag == b'K')
+        .expect("BackendKeyData")
+        .1;
+    (i32::from_be_bytes(key[..4].try_into().expect("pid")), key)
 }
 
 /// One backend message: its type byte and body.
@@ -1047,19 +1065,7 @@ async fn psql_at(port: u16, env: &[(&str, &str)], sql: &str) -> String {
 
 /// A bare start-up with `parameters` (trust): the messages up to ReadyForQuery or an error.
 async fn raw_startup(port: u16, parameters: &[(&str, &str)]) -> Vec<(u8, Vec<u8>)> {
-    use tokio::io::AsyncWriteExt;
-    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connects");
-    let mut startup = Vec::new();
-    startup.extend_from_slice(&196608u32.to_be_bytes());
-    for (name, value) in parameters {
-        startup.extend_from_slice(format!("{name}\0{value}\0").as_bytes());
-    }
-    startup.push(0);
-    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
-    packet.extend_from_slice(&startup);
-    socket.write_all(&packet).await.expect("startup");
+    let mut socket = send_startup(port, parameters).await;
     let mut messages = Vec::new();
     loop {
         let message = read_message(&mut socket).await;
@@ -1646,22 +1652,8 @@ async fn trusted_clients_run_as_their_own_role_and_an_unknown_one_is_refused() {
 /// A bare client's pid from its start-up (BackendKeyData), and the answer's first value of
 /// one simple query on it.
 async fn backend_key_pid(port: u16) -> (tokio::net::TcpStream, i32) {
-    use tokio::io::AsyncWriteExt;
-    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connects");
-    let mut startup = Vec::new();
-    startup.extend_from_slice(&196608u32.to_be_bytes());
-    startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
-    let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
-    packet.extend_from_slice(&startup);
-    socket.write_all(&packet).await.expect("startup");
-    let key = messages_until_ready(&mut socket)
-        .await
-        .into_iter()
-        .find(|(tag, _)| *tag == b'K')
-        .expect("BackendKeyData");
-    let pid = i32::from_be_bytes(key.1[..4].try_into().expect("pid"));
+    let mut socket = send_startup(port, &[("user", "owner"), ("database", "shop")]).await;
+    let (pid, _) = backend_key(messages_until_ready(&mut socket).await);
     (socket, pid)
 }
 
@@ -1813,14 +1805,15 @@ async fn a_parse_in_the_clients_encoding_reaches_the_upstream_untouched() {
     use tokio::io::AsyncWriteExt;
     for mode in [PoolMode::Session, PoolMode::Transaction] {
         let s = setup(mode, 2).await;
-        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
-            .await
-            .expect("connects");
-        let mut startup = 196608u32.to_be_bytes().to_vec();
-        startup.extend_from_slice(b"user\0owner\0database\0shop\0client_encoding\0LATIN9\0\0");
-        let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
-        packet.extend_from_slice(&startup);
-        socket.write_all(&packet).await.expect("startup");
+        let mut socket = send_startup(
+            s.server.port,
+            &[
+                ("user", "owner"),
+                ("database", "shop"),
+                ("client_encoding", "LATIN9"),
+            ],
+        )
+        .await;
         messages_until_ready(&mut socket).await;
         // '€' is one byte in LATIN9 (0xA4): not UTF-8, so read as UTF-8 it would be replaced.
         for statement in ["", "euro"] {
@@ -1848,20 +1841,9 @@ async fn a_cancel_stops_a_copy_out_that_keeps_streaming() {
     use tokio::io::AsyncWriteExt;
     for mode in [PoolMode::Session, PoolMode::Transaction] {
         let s = setup(mode, 2).await;
-        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", s.server.port))
-            .await
-            .expect("connects");
-        let mut startup = 196608u32.to_be_bytes().to_vec();
-        startup.extend_from_slice(b"user\0owner\0database\0shop\0\0");
-        let mut packet = ((startup.len() + 4) as u32).to_be_bytes().to_vec();
-        packet.extend_from_slice(&startup);
-        socket.write_all(&packet).await.expect("startup");
-        let key = messages_until_ready(&mut socket)
-            .await
-            .into_iter()
-            .find(|(tag, _)| *tag == b'K')
-            .expect("BackendKeyData")
-            .1;
+        let mut socket =
+            send_startup(s.server.port, &[("user", "owner"), ("database", "shop")]).await;
+        let (_, key) = backend_key(messages_until_ready(&mut socket).await);
         // Far more rows than any buffer between the upstream and the client holds.
         socket
             .write_all(&message(

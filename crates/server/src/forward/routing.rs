@@ -304,19 +304,20 @@ impl Forwarder {
     pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
         let name = |n: &Option<String>| n.clone().unwrap_or_default();
         let step = match message {
-            PgWireFrontendMessage::Query(q) if self.pooled_deallocate(&q.query).is_some() => {
-                Step::Deallocate {
-                    name: self.pooled_deallocate(&q.query).unwrap_or_default(),
+            PgWireFrontendMessage::Query(q) => {
+                if let Some(name) = self.pooled_deallocate(&q.query) {
+                    Step::Deallocate { name }
+                } else {
+                    match query_pieces(&q.query) {
+                        Some(pieces) => Step::Query {
+                            text: q.query,
+                            pieces,
+                            raw: None,
+                        },
+                        None => return Routed::Local(PgWireFrontendMessage::Query(q)),
+                    }
                 }
             }
-            PgWireFrontendMessage::Query(q) => match query_pieces(&q.query) {
-                Some(pieces) => Step::Query {
-                    text: q.query,
-                    pieces,
-                    raw: None,
-                },
-                None => return Routed::Local(PgWireFrontendMessage::Query(q)),
-            },
             PgWireFrontendMessage::Parse(p) => {
                 let statement = name(&p.name);
                 match forwarded(&p.query) {
