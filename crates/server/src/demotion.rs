@@ -14,14 +14,14 @@ use crate::state::Shared;
 /// setting applies to queries already running.
 pub async fn demote_when_due(shared: Arc<Shared>, query_id: u64, since: tokio::time::Instant) {
     loop {
-        let Some(workload) = shared.workload_of_query(query_id) else {
+        let Some(workload) = shared.registry.workload_of_query(query_id) else {
             return;
         };
         let Some(due) = shared.snapshot().catalog.lanes(&workload).demotion else {
             return;
         };
         tokio::time::sleep_until(since + due.after).await;
-        let now = shared.workload_of_query(query_id);
+        let now = shared.registry.workload_of_query(query_id);
         let still = now
             .as_deref()
             .and_then(|w| shared.snapshot().catalog.lanes(w).demotion);
@@ -55,12 +55,12 @@ mod demotion_tests {
     use crate::state::{Attachment, Grant, Shared};
     use crate::ServerOptions;
 
-    /// A statement admitted in `workload` the way `Connection::admit_and_run` admits one.
+    /// A statement admitted in `workload` the way `Admission::admit` admits one.
     fn admit(
         shared: &Arc<Shared>,
         workload: &str,
-    ) -> (crate::state::ProcessGuard, Arc<Mutex<Grant>>) {
-        let guard = shared.register(
+    ) -> (crate::registry::ProcessGuard, Arc<Mutex<Grant>>) {
+        let guard = shared.registry.register(
             &Arc::from("u"),
             &Arc::from(workload),
             &Arc::from("SELECT slow_report()"),
@@ -136,14 +136,20 @@ mod demotion_tests {
         ));
         tokio::time::sleep(Duration::from_millis(19_999)).await;
         assert_eq!(
-            shared.workload_of_query(report.query_id).as_deref(),
+            shared
+                .registry
+                .workload_of_query(report.query_id)
+                .as_deref(),
             Some("fast")
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
         tokio::task::yield_now().await;
         // Moved at the deadline, with its slot: fast is free, slow is over its limit of 1.
         assert_eq!(
-            shared.workload_of_query(report.query_id).as_deref(),
+            shared
+                .registry
+                .workload_of_query(report.query_id)
+                .as_deref(),
             Some("slow")
         );
         assert_eq!(

@@ -49,9 +49,9 @@ use sluice_sql::{ClientStatement, Error, Query, StatementKind};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::Framed;
 
+use crate::admit::{Admission, Admitted, ClientNotices, StatementMemo};
 use crate::frame::{messages, next_incoming, Corked, Incoming};
 use crate::record::RunRecord;
-use crate::session::{Admitted, Connection, StatementMemo};
 use crate::upstream::{client_parameters, follow_parameter, AdmissionMode, PoolMode, Upstream};
 
 mod relay;
@@ -385,12 +385,13 @@ impl Forwarder {
     /// (libpq's pipeline mode): they go upstream and are answered as PostgreSQL answers them —
     /// its answers held in the output buffer until a Sync or a Flush asks for them, except
     /// an error, which PostgreSQL sends at once (and with it what it held).
-    pub async fn answer_unsynced<S, T>(
+    pub async fn answer_unsynced<S, T, H>(
         &mut self,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
     ) -> ClientResult<()>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
@@ -405,12 +406,13 @@ impl Forwarder {
 
     /// Before sluice answers a message itself: every forwarded message before it gets its
     /// answer first (a Flush upstream), so the client's answers stay in order.
-    pub async fn settle<S, T>(
+    pub async fn settle<S, T, H>(
         &mut self,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
     ) -> ClientResult<()>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
@@ -421,13 +423,14 @@ impl Forwarder {
     }
 
     /// Forwards one message routed upstream.
-    pub async fn forward<S, T>(
+    pub async fn forward<S, T, H>(
         &mut self,
         step: Step,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
     ) -> ClientResult<()>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
@@ -458,15 +461,16 @@ impl Forwarder {
 
     /// A simple Query: statements for the upstream go as one Query (one admission); a text
     /// that mixes sluice's statements with the upstream's runs statement by statement.
-    async fn simple_query<S, T>(
+    async fn simple_query<S, T, H>(
         &mut self,
         text: String,
         pieces: Vec<Piece>,
         raw: Option<BytesMut>,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
     ) -> ClientResult<()>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
@@ -558,13 +562,14 @@ impl Forwarder {
     }
 
     /// Sends the batch collected up to this Sync (`sync`) or Flush.
-    async fn run_batch<S, T>(
+    async fn run_batch<S, T, H>(
         &mut self,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
         sync: bool,
     ) -> ClientResult<()>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
@@ -637,26 +642,28 @@ impl Forwarder {
 
     /// Before a statement is sent: its admission (unless what it runs in already holds one)
     /// and an upstream connection. `false` if either failed: the client was told why.
-    async fn begin<S, T>(
+    async fn begin<S, T, H>(
         &mut self,
         socket: &mut Socket<S, T>,
-        connection: &Connection,
+        connection: &H,
         admit_as: Option<&Forwarded>,
     ) -> ClientResult<bool>
     where
+        H: pgwire::api::query::SimpleQueryHandler + AsRef<Admission>,
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
-        connection.cancellable(&*socket);
+        connection.as_ref().cancellable(&*socket);
         if let (Some(forwarded), None) = (admit_as, &self.running) {
-            let user = connection.user(&*socket);
+            let user = connection.as_ref().user(&*socket);
             let mut record = None;
             let admitted = connection
+                .as_ref()
                 .admit(
                     &user,
                     &forwarded.query,
                     Some(&forwarded.memo),
-                    &mut crate::session::ClientNotices(socket),
+                    &mut ClientNotices(socket),
                     &mut record,
                 )
                 .await;

@@ -2,7 +2,7 @@
 //!
 //! Layout, top down (a module imports only from those below it; `cargo` sees no circle):
 //! - [`serve`] (here): the accept loop; one [`session::Connection`] (handlers and state) per
-//!   client; a cancel request stops the connection's statement through its `state::Control`
+//!   client; a cancel request stops the connection's statement through its `registry::Control`
 //!   (waiting, running or forwarded) and through pgwire's connection manager.
 //! - [`wire`]: the connection loop: start-up, then each message to pgwire's handlers or, in
 //!   upstream mode, to the [`forward::Forwarder`].
@@ -48,6 +48,7 @@
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
+pub mod admit;
 pub mod auth;
 pub mod demotion;
 pub mod disk_gate;
@@ -117,6 +118,7 @@ struct Cancels {
 impl CancelHandler for Cancels {
     async fn on_cancel_request(&self, request: CancelRequest) {
         self.shared
+            .registry
             .cancel(&(request.pid, request.secret_key.to_bytes().to_vec()));
         self.manager.cancel(request.pid, &request.secret_key).await;
     }
@@ -208,7 +210,7 @@ pub async fn serve(
                     let connection = Arc::new(
                         Connection::new(shared.clone(), manager.clone(), watch).with_peer(peer),
                     );
-                    let terminate = connection.terminate.clone();
+                    let terminate = connection.admission.terminate.clone();
                     // Upstream mode: the connection's loop forwards what is not sluice's own.
                     let forwarding = shared.upstream.as_ref().map(|u| {
                         (forward::Forwarder::new(u.clone()), connection.clone())

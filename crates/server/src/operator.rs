@@ -102,7 +102,7 @@ pub async fn kill(
         let s = match mode {
             KillMode::Test => "test",
             _ => {
-                let killed = shared.kill(
+                let killed = shared.registry.kill(
                     m.query_id,
                     Error::new(
                         ErrorCode::QueryWasCancelled,
@@ -120,7 +120,7 @@ pub async fn kill(
     }
     if mode == KillMode::Sync {
         for (m, s) in matched.iter().zip(status.iter_mut()) {
-            while shared.workload_of_query(m.query_id).is_some() {
+            while shared.registry.workload_of_query(m.query_id).is_some() {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             *s = "finished".into();
@@ -159,7 +159,8 @@ pub fn move_to(shared: &Shared, matched: Vec<Matched>, workload: &str) -> Result
 /// was one.
 pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> Result<RecordBatch> {
     let mine: Vec<_> = shared
-        .processes()
+        .registry
+        .all()
         .into_iter()
         .filter(|p| p.pid == Some(pid))
         .collect();
@@ -187,11 +188,11 @@ pub fn signal_backend(shared: &Shared, by: &str, pid: i32, terminate: bool) -> R
     };
     let mut any = false;
     for p in &mine {
-        any |= shared.kill(p.query_id, error.clone());
+        any |= shared.registry.kill(p.query_id, error.clone());
     }
     if terminate {
         // Then the connection closes, idle or not, as in PostgreSQL.
-        any |= shared.terminate(pid);
+        any |= shared.registry.terminate(pid);
     }
     RecordBatch::try_new(
         signal_schema(terminate),

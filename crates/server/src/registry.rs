@@ -1,20 +1,301 @@
-//! What is in flight, below everything that shares it: the entry of a statement waiting or
-//! running ([`Process`]), what an admitted statement holds ([`Grant`], one [`Attachment`] per
-//! permit), an operator's hand on it ([`Control`]), the one-shot signal both use ([`Flag`]),
-//! and a connection's cancel key. The registry's map of them lives in `state::Shared`, which
-//! assembles the server; these types know nothing of it.
+//! What is in flight, below everything that shares it: the [`Registry`] of statements waiting
+//! or running (each a [`Process`] entry, kept while its [`ProcessGuard`] lives), of the
+//! connections a cancel request or `pg_terminate_backend` may name; what an admitted statement
+//! holds ([`Grant`], one [`Attachment`] per permit); an operator's hand on it ([`Control`]);
+//! the one-shot signal both use ([`Flag`]). `state::Shared` holds the registry; nothing here
+//! knows of `Shared`, the catalog snapshot or the schedulers.
+//!
+//! Invariant: a statement is in the registry exactly as long as its guard lives, however it
+//! ends; once [`Registry::stop_all`] was called, every statement in it, and every one
+//! registered later, is stopped.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use sluice_sql::{Error, ErrorCode};
 
+/// The statements waiting or running, by query id, and the connections a cancel request or
+/// `pg_terminate_backend` may reach.
+#[derive(Debug)]
+pub struct Registry {
+    /// By query id (hashed: a statement's entry comes and goes at every statement; the rare
+    /// readers sort by it, which is arrival order).
+    processes: Mutex<HashMap<u64, Process, foldhash::fast::RandomState>>,
+    /// The keys (pid, secret) of connections a cancel request may name ([`Registry::cancel`]).
+    cancels: Mutex<HashSet<CancelKey>>,
+    /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
+    /// its first statement.
+    terminations: Mutex<HashMap<i32, Arc<Flag>>>,
+    next_query_id: AtomicU64,
+    /// Set by [`Registry::stop_all`]: what every statement registered later is stopped with.
+    closed: Mutex<Option<Error>>,
+}
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry {
+            processes: Mutex::default(),
+            cancels: Mutex::default(),
+            terminations: Mutex::default(),
+            next_query_id: AtomicU64::new(1),
+            closed: Mutex::default(),
+        }
+    }
+}
+
+impl Registry {
+    fn processes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, Process, foldhash::fast::RandomState>> {
+        self.processes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a statement; the guard removes it when the statement ends, however it ends.
+    pub fn register(
+        self: &Arc<Self>,
+        user: &Arc<str>,
+        workload: &Arc<str>,
+        query: &Arc<str>,
+        pid: Option<i32>,
+    ) -> ProcessGuard {
+        let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
+        let control = Arc::new(Control::default());
+        let process = Process {
+            query_id,
+            user: user.clone(),
+            workload: workload.clone(),
+            waiting_for: None,
+            running: false,
+            started: Instant::now(),
+            query: query.clone(),
+            grant: None,
+            pid,
+            control: control.clone(),
+            classified: None,
+        };
+        self.processes().insert(query_id, process);
+        // Registered as the registry closed, after `stop_all` stopped the others.
+        if let Some(error) = self
+            .closed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            control.stop_with(error);
+        }
+        ProcessGuard {
+            registry: self.clone(),
+            query_id,
+            control,
+        }
+    }
+
+    /// Stops every statement registered, and every one registered from now on, with `error`.
+    pub fn stop_all(&self, error: Error) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+        for p in self.processes().values() {
+            p.control.stop_with(error.clone());
+        }
+    }
+
+    /// Stops statement `query_id` with `error` (`KILL QUERY`, `pg_cancel_backend`), waiting
+    /// or running. Whether it was there to stop.
+    pub fn kill(&self, query_id: u64, error: Error) -> bool {
+        let control = self.process(query_id, |p| Some(p.control.clone()));
+        match control {
+            Some(control) => {
+                control.stop_with(error);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sets the workload statement `query_id` is shown in (a waiting one that was moved).
+    pub fn show_in(&self, query_id: u64, workload: &str) {
+        self.update(query_id, |p| p.workload = Arc::from(workload));
+    }
+
+    /// Registers the connection with `key` for cancel requests (until
+    /// [`Registry::forget_cancel`]).
+    pub fn cancellable(&self, key: CancelKey) {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+    }
+
+    /// Registers connection `pid`'s close signal.
+    pub fn terminable(&self, pid: i32, signal: Arc<Flag>) {
+        self.terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pid, signal);
+    }
+
+    /// Asks connection `pid` to close (after its statement, which the caller stops); whether
+    /// there is one.
+    pub fn terminate(&self, pid: i32) -> bool {
+        let signal = self
+            .terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .cloned();
+        signal.inspect(|s| s.raise()).is_some()
+    }
+
+    pub fn forget_cancel(&self, key: &CancelKey) {
+        self.terminations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key.0);
+        self.cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// A cancel request for connection `key`: its statement stops, waiting or running
+    /// (pgwire's own cancel only reaches a statement until its response starts, and never
+    /// one that is forwarded upstream). Nothing happens for a key not registered.
+    pub fn cancel(&self, key: &CancelKey) {
+        if !self
+            .cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+        {
+            return;
+        }
+        let pid = Some(key.0);
+        for p in self.processes().values().filter(|p| p.pid == pid) {
+            p.control.stop_with(Error::new(
+                ErrorCode::QueryWasCancelled,
+                "canceling statement due to user request",
+            ));
+        }
+    }
+
+    /// What `f` reads of statement `query_id`'s entry (`None` once it has ended).
+    pub fn process<T>(&self, query_id: u64, f: impl FnOnce(&Process) -> Option<T>) -> Option<T> {
+        self.processes().get(&query_id).and_then(f)
+    }
+
+    /// The classifier that placed statement `query_id` (after any re-classification).
+    pub fn classifier_of(&self, query_id: u64) -> Option<String> {
+        self.process(query_id, |p| {
+            p.classified.as_ref().map(|c| c.rule.name.clone())
+        })
+    }
+
+    /// The workload query `query_id` counts in now (`None` once it has ended).
+    pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
+        self.process(query_id, |p| Some(p.workload.to_string()))
+    }
+
+    /// Whether no statement is waiting or running.
+    pub fn is_empty(&self) -> bool {
+        self.processes().is_empty()
+    }
+
+    /// Every statement waiting or running, in arrival order.
+    pub fn all(&self) -> Vec<Process> {
+        let mut all: Vec<Process> = self.processes().values().cloned().collect();
+        all.sort_unstable_by_key(|p| p.query_id);
+        all
+    }
+
+    /// Changes statement `query_id`'s entry, while it has one.
+    pub fn update(&self, query_id: u64, f: impl FnOnce(&mut Process)) {
+        if let Some(p) = self.processes().get_mut(&query_id) {
+            f(p);
+        }
+    }
+
+    /// Classifier `changed` was replaced or dropped: every waiting statement it placed is
+    /// judged again by the rules of `catalog` (counting nothing). Returns the statements the
+    /// rules now send elsewhere — query id, where it waits, where it goes — in arrival order;
+    /// the caller moves them. A statement already admitted stays where it runs.
+    pub fn judge_again(
+        &self,
+        changed: &str,
+        catalog: &sluice_catalog::Catalog,
+    ) -> Vec<(u64, Arc<str>, String)> {
+        let mut moves = Vec::new();
+        for p in self.processes().values_mut() {
+            let Some(old) = p.classified.as_ref().filter(|c| c.rule.name == changed) else {
+                continue;
+            };
+            if p.grant.is_some() {
+                continue;
+            }
+            let rule = catalog.rules().route(&old.facts.facts()).cloned();
+            let to = rule
+                .as_ref()
+                .map_or_else(|| old.fallback.clone(), |r| r.workload.clone());
+            p.classified = rule.map(|rule| {
+                Arc::new(Classified {
+                    rule,
+                    facts: old.facts.clone(),
+                    fallback: old.fallback.clone(),
+                })
+            });
+            if *to != *p.workload {
+                moves.push((p.query_id, p.workload.clone(), to));
+            }
+        }
+        moves.sort_unstable_by_key(|(query_id, _, _)| *query_id);
+        moves
+    }
+}
+
+/// A registered statement; dropping it unregisters.
+#[derive(Debug)]
+pub struct ProcessGuard {
+    registry: Arc<Registry>,
+    pub query_id: u64,
+    pub control: Arc<Control>,
+}
+
+impl ProcessGuard {
+    pub fn waiting_for(&self, resource: Option<&str>) {
+        self.registry.update(self.query_id, |p| {
+            p.waiting_for = resource.map(str::to_string)
+        });
+    }
+
+    /// Placed by a classifier (kept while it waits: see [`Registry::judge_again`]).
+    pub fn classified(&self, classified: Option<Arc<Classified>>) {
+        if classified.is_some() {
+            self.registry
+                .update(self.query_id, |p| p.classified = classified);
+        }
+    }
+
+    /// Admitted with `grant`: from now on the statement runs.
+    pub fn running(&self, grant: Arc<Mutex<Grant>>) {
+        self.registry.update(self.query_id, |p| {
+            p.waiting_for = None;
+            p.running = true;
+            p.grant = Some(grant);
+        });
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        self.registry.processes().remove(&self.query_id);
+    }
+}
+
 /// A connection's identity for cancel requests: its process id and secret key.
 pub type CancelKey = (i32, Vec<u8>);
 
 /// What an admitted query holds: one attachment per slot it holds (its query slot, its master
-/// thread, each worker thread), each a permit of that resource's scheduler. Found by its `query_id` (see [`Shared::move_query`]), so
+/// thread, each worker thread), each a permit of that resource's scheduler. Found by its `query_id` (see `Shared::move_query`), so
 /// an admitted query can be moved to another workload without being released.
 #[derive(Debug)]
 pub struct Grant {
@@ -67,7 +348,7 @@ pub struct Process {
     pub pid: Option<i32>,
     /// How an operator reaches the statement: `KILL QUERY`, `MOVE QUERY` while it waits.
     pub control: Arc<Control>,
-    /// The classifier that placed it, when one did (see [`Shared::reclassify_waiting`]).
+    /// The classifier that placed it, when one did (see [`Registry::judge_again`]).
     pub classified: Option<Arc<Classified>>,
 }
 

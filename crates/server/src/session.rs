@@ -19,7 +19,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt, Stream, StreamExt};
@@ -42,7 +41,7 @@ use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
-    PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type, METADATA_USER,
+    PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::copy::CopyData;
@@ -64,16 +63,14 @@ use crate::encode;
 use crate::error::to_pg;
 use crate::params;
 use crate::record::RunRecord;
-use crate::registry::{Attachment, CancelKey, Grant};
-use crate::settings::{query_settings, startup_settings, QuerySettings};
-use crate::state::{access_denied, shutting_down, Phase, Shared};
+use crate::settings::startup_settings;
+use crate::state::Shared;
 use crate::watch::ClientWatch;
 
-mod admit;
 mod startup;
 
-pub(crate) use admit::{Admitted, ClientNotices, Held, StatementMemo, Stop};
-pub use admit::{NoNotices, Notices, Severity};
+use crate::admit::{Admission, Admitted, ClientNotices, Held, Stop};
+pub use crate::admit::{NoNotices, Notices, Severity};
 
 /// Where a transaction block stands (the embedded engine runs each statement on its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,56 +79,18 @@ enum Block {
     Open { wrote: bool },
 }
 
-/// A connection's handlers and state.
+/// A connection's handlers and state: its engine session, its transaction block and cursors;
+/// who the client is and how its statements are admitted is its [`Admission`].
 pub struct Connection {
     shared: Arc<Shared>,
     /// Its engine session, made at its first engine statement (see [`Connection::session`]).
     session: std::sync::OnceLock<Box<dyn Session>>,
-    /// Session variables: `workload`, and whatever else clients `SET`.
-    /// (foldhash: every statement looks its workload up here.)
-    vars: Mutex<HashMap<String, String, foldhash::fast::RandomState>>,
     block: Mutex<Block>,
     manager: Arc<ConnectionManager>,
     parser: Arc<NoopQueryParser>,
-    watch: Arc<ClientWatch>,
-    /// This connection's cancel key, registered at its first statement.
-    cancel: std::sync::OnceLock<CancelKey>,
-    /// Notified by `pg_terminate_backend`: the connection closes (its message loop watches).
-    pub terminate: Arc<crate::registry::Flag>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
-    /// The fingerprints of the statements this connection ran lately, by text with literals
-    /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
-    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>>,
-    /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
-    peer: Option<std::net::IpAddr>,
-    /// The database named at start-up, for classifiers' `database`.
-    database: std::sync::OnceLock<String>,
-    /// The user it logged in as (see [`Connection::user`]).
-    user: std::sync::OnceLock<Arc<str>>,
-    /// The workload its last statement was admitted in, shared by that statement's records
-    /// and by the next one's when it runs there too (most do).
-    last_workload: Mutex<Option<Arc<str>>>,
-    /// The metrics series its statements were admitted under, by resource and workload (a
-    /// connection uses few; series live as long as the server).
-    series: Mutex<Vec<KeptSeries>>,
-}
-
-/// Texts whose fingerprints a connection keeps (all are dropped when it is full).
-const FINGERPRINTS_KEPT: usize = 256;
-
-/// Metrics series a connection keeps at hand (the oldest goes when it is full).
-const SERIES_KEPT: usize = 8;
-
-/// A metrics series kept at hand: its resource, its workload, the series.
-type KeptSeries = (String, Arc<str>, Arc<crate::metrics::Series>);
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        if let Some(key) = self.cancel.get() {
-            self.shared.forget_cancel(key);
-        }
-    }
+    pub admission: Admission,
 }
 
 impl Debug for Connection {
@@ -288,22 +247,13 @@ impl Stream for Stoppable {
 impl Connection {
     pub fn new(shared: Arc<Shared>, manager: Arc<ConnectionManager>, watch: ClientWatch) -> Self {
         Connection {
+            admission: Admission::new(shared.clone(), watch),
             shared,
             session: std::sync::OnceLock::new(),
-            vars: Mutex::default(),
             block: Mutex::new(Block::None),
             manager,
             parser: Arc::new(NoopQueryParser::new()),
-            watch: Arc::new(watch),
-            cancel: std::sync::OnceLock::new(),
-            terminate: Arc::default(),
             cursors: tokio::sync::Mutex::default(),
-            fingerprints: Mutex::default(),
-            peer: None,
-            database: std::sync::OnceLock::new(),
-            user: std::sync::OnceLock::new(),
-            last_workload: Mutex::default(),
-            series: Mutex::default(),
         }
     }
 
@@ -323,26 +273,8 @@ impl Connection {
 
     /// The connection's client is at `peer`.
     pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
-        self.peer = Some(peer.ip());
+        self.admission = self.admission.with_peer(peer);
         self
-    }
-
-    fn var(&self, name: &str) -> Option<String> {
-        self.with_var(name, |v| v.map(str::to_string))
-    }
-
-    /// `f` of session variable `name`, read in place.
-    fn with_var<R>(&self, name: &str, f: impl FnOnce(Option<&str>) -> R) -> R {
-        let vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
-        f(vars.get(name).map(String::as_str))
-    }
-
-    fn set_var(&self, name: &str, value: Option<String>) {
-        let mut vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
-        match value {
-            Some(v) => vars.insert(name.to_string(), v),
-            None => vars.remove(name),
-        };
     }
 
     fn block(&self) -> std::sync::MutexGuard<'_, Block> {
@@ -445,7 +377,7 @@ impl Connection {
             ClientStatement::Set { name, value, reset } => {
                 if name == "workload" {
                     if let Some(v) = &value {
-                        self.check_pinned(user, v)?;
+                        self.admission.check_pinned(user, v)?;
                     }
                 }
                 if name == "timezone" && self.shared.upstream.is_none() {
@@ -454,7 +386,7 @@ impl Connection {
                         .set_time_zone(value.as_deref().unwrap_or("UTC"))
                         .await?;
                 }
-                self.set_var(&name, value);
+                self.admission.set_var(&name, value);
                 Ok(Outcome::Command(Tag::new(if reset {
                     "RESET"
                 } else {
@@ -463,14 +395,16 @@ impl Connection {
             }
             ClientStatement::Show(name) => {
                 let value = if name == "workload" {
-                    self.workload_of(user, None)?
+                    self.admission.workload_of(user, None)?
                 } else if name == "server_version" {
                     // As announced at start-up (upstream mode forwards this SHOW).
                     sluice_engine::pg_catalog::server_version()
                 } else if name == "timezone" {
-                    self.var(&name).unwrap_or_else(|| "UTC".to_string())
+                    self.admission
+                        .var(&name)
+                        .unwrap_or_else(|| "UTC".to_string())
                 } else {
-                    self.var(&name).unwrap_or_default()
+                    self.admission.var(&name).unwrap_or_default()
                 };
                 Ok(one_column(&name, vec![value]))
             }
@@ -626,7 +560,10 @@ impl Connection {
         // record is written last, when the statement has let go of everything.
         let mut record = None;
         let result = async {
-            let admitted = self.admit(user, &query, None, notices, &mut record).await?;
+            let admitted = self
+                .admission
+                .admit(user, &query, None, notices, &mut record)
+                .await?;
             self.execute_admitted(admitted, &query, params, &mut record)
                 .await
         }
@@ -943,23 +880,6 @@ pub fn script_statements(script: &str) -> Vec<String> {
         .collect()
 }
 
-impl Connection {
-    /// The user the client logged in as, shared by its statements' records (it is fixed once
-    /// the client is authenticated, before any statement).
-    pub(crate) fn user<C: ClientInfo>(&self, client: &C) -> Arc<str> {
-        self.user
-            .get_or_init(|| {
-                Arc::from(
-                    client
-                        .metadata()
-                        .get(METADATA_USER)
-                        .map_or("", String::as_str),
-                )
-            })
-            .clone()
-    }
-}
-
 #[async_trait]
 impl SimpleQueryHandler for Connection {
     async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
@@ -969,8 +889,8 @@ impl SimpleQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        self.cancellable(client);
-        let user = self.user(client);
+        self.admission.cancellable(client);
+        let user = self.admission.user(client);
         // A simple query may hold several statements; each runs in turn and its answer is
         // sent before the next starts (so its rows stream, and its permits go, first); the
         // first error stops.
@@ -1012,7 +932,7 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        self.cancellable(client);
+        self.admission.cancellable(client);
         let sql = &portal.statement.statement;
         let Some(statement) = sluice_sql::statement(sql).map_err(|e| to_pg(&e))? else {
             return Ok(Response::EmptyQuery);
@@ -1026,7 +946,7 @@ impl ExtendedQueryHandler for Connection {
         } else {
             Vec::new()
         };
-        let user = self.user(client);
+        let user = self.admission.user(client);
         let outcome = self
             .run(&user, statement, values, &mut ClientNotices(client))
             .await
@@ -1104,17 +1024,6 @@ impl ExtendedQueryHandler for Connection {
 }
 
 impl Connection {
-    /// Registers this connection's cancel key (once).
-    pub(crate) fn cancellable<C: ClientInfo>(&self, client: &C) {
-        if self.cancel.get().is_none() {
-            let (pid, secret) = client.pid_and_secret_key();
-            let key = (pid, secret.to_bytes().to_vec());
-            self.shared.cancellable(key.clone());
-            self.shared.terminable(pid, self.terminate.clone());
-            let _ = self.cancel.set(key);
-        }
-    }
-
     /// The types to decode a portal's values with. Values the client declared a type for, and
     /// values sent as text, need no planning (the engine casts each to its placeholder's
     /// type); only an undeclared value in binary needs the inferred type to be read at all.
@@ -1138,5 +1047,11 @@ impl Connection {
         } else {
             Ok(params::resolve_types(declared, &[]))
         }
+    }
+}
+
+impl AsRef<Admission> for Connection {
+    fn as_ref(&self) -> &Admission {
+        &self.admission
     }
 }

@@ -1,10 +1,8 @@
 //! What all connections share: the engine, the catalog snapshot with its compiled trees and
 //! the running schedulers, storage, and the registry of statements in flight.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use crate::auth::{tls_acceptor, User, Users};
 use sluice_catalog::{config_layer, Catalog, DiskStorage};
@@ -14,7 +12,9 @@ use sluice_sched::{
 };
 use sluice_sql::{CostUnit, Error, ErrorCode, Result, Statement};
 
-pub use crate::registry::{Attachment, CancelKey, Classified, Control, Flag, Grant, Process};
+pub use crate::registry::{
+    Attachment, CancelKey, Classified, Control, Flag, Grant, Process, ProcessGuard, Registry,
+};
 
 /// How the server was asked to run.
 #[derive(Debug, Clone)]
@@ -215,15 +215,8 @@ pub struct Shared {
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
     ddl: tokio::sync::Mutex<()>,
-    /// By query id (hashed: a statement's entry comes and goes at every statement; the rare
-    /// readers sort by it, which is arrival order).
-    processes: Mutex<HashMap<u64, Process, foldhash::fast::RandomState>>,
-    /// The keys (pid, secret) of connections a cancel request may name ([`Shared::cancel`]).
-    cancels: Mutex<std::collections::HashSet<CancelKey>>,
-    /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
-    /// its first statement.
-    terminations: Mutex<std::collections::HashMap<i32, Arc<Flag>>>,
-    next_query_id: AtomicU64,
+    /// The statements in flight and the connections cancel requests may reach.
+    pub registry: Arc<Registry>,
     phase: tokio::sync::watch::Sender<Phase>,
 }
 
@@ -279,10 +272,7 @@ impl Shared {
             storage,
             current: RwLock::new(Arc::new(Snapshot::new(catalog, trees, None))),
             ddl: tokio::sync::Mutex::new(()),
-            processes: Mutex::default(),
-            cancels: Mutex::default(),
-            terminations: Mutex::default(),
-            next_query_id: AtomicU64::new(1),
+            registry: Arc::default(),
             phase: tokio::sync::watch::Sender::new(Phase::Serving),
         }))
     }
@@ -333,34 +323,8 @@ impl Shared {
     /// it joins serve it as if it had arrived there (`Acquire::move_to`). A statement already
     /// admitted stays where it runs.
     pub fn reclassify_waiting(&self, changed: &str, catalog: &Catalog) {
-        let mut moves = Vec::new();
-        {
-            let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
-            for p in processes.values_mut() {
-                let Some(old) = p.classified.as_ref().filter(|c| c.rule.name == changed) else {
-                    continue;
-                };
-                if p.grant.is_some() {
-                    continue;
-                }
-                let rule = catalog.rules().route(&old.facts.facts()).cloned();
-                let to = rule
-                    .as_ref()
-                    .map_or_else(|| old.fallback.clone(), |r| r.workload.clone());
-                p.classified = rule.map(|rule| {
-                    Arc::new(Classified {
-                        rule,
-                        facts: old.facts.clone(),
-                        fallback: old.fallback.clone(),
-                    })
-                });
-                if *to != *p.workload {
-                    moves.push((p.query_id, p.workload.clone(), to));
-                }
-            }
-        }
         // In arrival order, so the queues they join serve them as they arrived.
-        moves.sort_unstable_by_key(|(query_id, _, _)| *query_id);
+        let moves = self.registry.judge_again(changed, catalog);
         for (query_id, from, to) in moves {
             tracing::info!(query_id, from = %from, to = %to, classifier = changed, "waiting query classified again");
             if let Err(e) = self.move_any(query_id, &to) {
@@ -369,61 +333,11 @@ impl Shared {
         }
     }
 
-    /// Registers a statement; the guard removes it when the statement ends, however it ends.
-    pub fn register(
-        self: &Arc<Self>,
-        user: &Arc<str>,
-        workload: &Arc<str>,
-        query: &Arc<str>,
-        pid: Option<i32>,
-    ) -> ProcessGuard {
-        let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
-        let control = Arc::new(Control::default());
-        let process = Process {
-            query_id,
-            user: user.clone(),
-            workload: workload.clone(),
-            waiting_for: None,
-            running: false,
-            started: Instant::now(),
-            query: query.clone(),
-            grant: None,
-            pid,
-            control: control.clone(),
-            classified: None,
-        };
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(query_id, process);
-        // Registered as the grace period ran out, after `set_phase` stopped the others.
-        if self.phase() >= Phase::Terminating {
-            control.stop_with(shutting_down(Phase::Terminating));
-        }
-        ProcessGuard {
-            shared: self.clone(),
-            query_id,
-            control,
-        }
-    }
-
-    /// Stops statement `query_id` with `error` (`KILL QUERY`, `pg_cancel_backend`), waiting
-    /// or running. Whether it was there to stop.
-    pub fn kill(&self, query_id: u64, error: Error) -> bool {
-        let control = self.process(query_id, |p| Some(p.control.clone()));
-        match control {
-            Some(control) => {
-                control.stop_with(error);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// `MOVE QUERY`: a running statement moves with what it holds ([`Shared::move_query`]); a
     /// waiting one leaves its queue and queues again in `workload`.
     pub fn move_any(&self, query_id: u64, workload: &str) -> Result<()> {
         let (running, control) = self
+            .registry
             .process(query_id, |p| Some((p.grant.is_some(), p.control.clone())))
             .ok_or_else(|| {
                 Error::bad_arguments(format!("no statement with query_id {query_id}"))
@@ -436,89 +350,20 @@ impl Shared {
         Ok(())
     }
 
-    /// Sets the workload statement `query_id` is shown in (a waiting one that was moved).
-    pub fn show_in(&self, query_id: u64, workload: &str) {
-        self.update(query_id, |p| p.workload = Arc::from(workload));
-    }
-
-    /// Registers the connection with `key` for cancel requests (until
-    /// [`Shared::forget_cancel`]).
-    pub fn cancellable(&self, key: CancelKey) {
-        self.cancels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key);
-    }
-
-    /// Registers connection `pid`'s close signal.
-    pub fn terminable(&self, pid: i32, signal: Arc<Flag>) {
-        self.terminations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(pid, signal);
-    }
-
-    /// Asks connection `pid` to close (after its statement, which the caller stops); whether
-    /// there is one.
-    pub fn terminate(&self, pid: i32) -> bool {
-        let signal = self
-            .terminations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&pid)
-            .cloned();
-        signal.inspect(|s| s.raise()).is_some()
-    }
-
-    pub fn forget_cancel(&self, key: &CancelKey) {
-        self.terminations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key.0);
-        self.cancels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
-    }
-
-    /// A cancel request for connection `key`: its statement stops, waiting or running
-    /// (pgwire's own cancel only reaches a statement until its response starts, and never
-    /// one that is forwarded upstream). Nothing happens for a key not registered.
-    pub fn cancel(&self, key: &CancelKey) {
-        if !self
-            .cancels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(key)
-        {
-            return;
-        }
-        let pid = Some(key.0);
-        for p in self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|p| p.pid == pid)
-        {
-            p.control.stop_with(Error::new(
-                ErrorCode::QueryWasCancelled,
-                "canceling statement due to user request",
-            ));
-        }
-    }
-
     /// Moves admitted query `query_id` to leaf `workload`, with everything it holds and
     /// without releasing it: on every resource it passed, it leaves its old workload's limits
     /// and counts in the new one's (see `Permit::move_to`). `system.processes` shows the new
     /// workload at once.
     pub fn move_query(&self, query_id: u64, workload: &str) -> Result<()> {
-        let grant = self.process(query_id, |p| p.grant.clone()).ok_or_else(|| {
-            Error::new(
-                ErrorCode::BadArguments,
-                format!("no admitted query with query_id {query_id}"),
-            )
-        })?;
+        let grant = self
+            .registry
+            .process(query_id, |p| p.grant.clone())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("no admitted query with query_id {query_id}"),
+                )
+            })?;
         let snapshot = self.snapshot();
         let mut grant = grant.lock().unwrap_or_else(|p| p.into_inner());
         // Checked on every resource first, so a refused move changes nothing.
@@ -554,36 +399,17 @@ impl Shared {
         let moved_to: Arc<str> = Arc::from(workload);
         grant.workload = moved_to.clone();
         drop(grant);
-        self.update(query_id, |p| p.workload = moved_to);
+        self.registry.update(query_id, |p| p.workload = moved_to);
         tracing::info!(query_id, workload, "query moved");
         Ok(())
-    }
-
-    /// What `f` reads of statement `query_id`'s entry (`None` once it has ended).
-    fn process<T>(&self, query_id: u64, f: impl FnOnce(&Process) -> Option<T>) -> Option<T> {
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&query_id)
-            .and_then(f)
-    }
-
-    /// The classifier that placed statement `query_id` (after any re-classification).
-    pub fn classifier_of(&self, query_id: u64) -> Option<String> {
-        self.process(query_id, |p| {
-            p.classified.as_ref().map(|c| c.rule.name.clone())
-        })
-    }
-
-    /// The workload query `query_id` counts in now (`None` once it has ended).
-    pub fn workload_of_query(&self, query_id: u64) -> Option<String> {
-        self.process(query_id, |p| Some(p.workload.to_string()))
     }
 
     /// Demotes running query `query_id` to `to` ([`Shared::move_query`]), noting where it came
     /// from and when for `system.processes` and the query log.
     pub fn demote(&self, query_id: u64, to: &str) -> Result<()> {
-        let found = self.process(query_id, |p| Some((p.grant.clone()?, p.query.clone())));
+        let found = self
+            .registry
+            .process(query_id, |p| Some((p.grant.clone()?, p.query.clone())));
         let Some((grant, query)) = found else {
             return Ok(());
         }; // it ended meanwhile
@@ -617,19 +443,12 @@ impl Shared {
     }
 
     /// Moves the server to `phase`. From [`Phase::Terminating`] on, every statement still
-    /// registered is stopped (and so is any registered later: [`Shared::register`]).
+    /// registered is stopped (and so is any registered later: [`Registry::stop_all`]).
     pub fn set_phase(&self, phase: Phase) {
         tracing::info!(?phase, "server phase");
         self.phase.send_replace(phase);
         if phase >= Phase::Terminating {
-            for p in self
-                .processes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-            {
-                p.control.stop_with(shutting_down(Phase::Terminating));
-            }
+            self.registry.stop_all(shutting_down(Phase::Terminating));
         }
     }
 
@@ -641,37 +460,8 @@ impl Shared {
 
     /// Completes once no statement is waiting or running.
     pub async fn idle(&self) {
-        while !self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-        {
+        while !self.registry.is_empty() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every statement waiting or running, in arrival order.
-    pub fn processes(&self) -> Vec<Process> {
-        let mut all: Vec<Process> = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        all.sort_unstable_by_key(|p| p.query_id);
-        all
-    }
-
-    fn update(&self, query_id: u64, f: impl FnOnce(&mut Process)) {
-        if let Some(p) = self
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&query_id)
-        {
-            f(p);
         }
     }
 }
@@ -682,49 +472,6 @@ impl std::fmt::Debug for Shared {
             .field("options", &self.options)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// A registered statement; dropping it unregisters.
-#[derive(Debug)]
-pub struct ProcessGuard {
-    shared: Arc<Shared>,
-    pub query_id: u64,
-    pub control: Arc<Control>,
-}
-
-impl ProcessGuard {
-    pub fn waiting_for(&self, resource: Option<&str>) {
-        self.shared.update(self.query_id, |p| {
-            p.waiting_for = resource.map(str::to_string)
-        });
-    }
-
-    /// Placed by a classifier (kept while it waits: see [`Shared::reclassify_waiting`]).
-    pub fn classified(&self, classified: Option<Arc<Classified>>) {
-        if classified.is_some() {
-            self.shared
-                .update(self.query_id, |p| p.classified = classified);
-        }
-    }
-
-    /// Admitted with `grant`: from now on the statement runs.
-    pub fn running(&self, grant: Arc<Mutex<Grant>>) {
-        self.shared.update(self.query_id, |p| {
-            p.waiting_for = None;
-            p.running = true;
-            p.grant = Some(grant);
-        });
-    }
-}
-
-impl Drop for ProcessGuard {
-    fn drop(&mut self) {
-        self.shared
-            .processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.query_id);
     }
 }
 

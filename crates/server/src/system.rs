@@ -291,7 +291,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
         ])?,
     )?;
 
-    let processes = shared.processes();
+    let processes = shared.registry.all();
     let demotions: Vec<Option<(String, std::time::SystemTime)>> = processes
         .iter()
         .map(|p| {

@@ -132,7 +132,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         {
             // The client waits, having sent extended-protocol messages without a Sync (a
             // libpq pipeline): they are run now, as PostgreSQL runs each message it has read.
-            forwarder.answer_unsynced(&mut socket, connection).await?;
+            forwarder
+                .answer_unsynced(&mut socket, &**connection)
+                .await?;
             continue;
         } else {
             tokio::select! {
@@ -193,7 +195,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             (Incoming::Raw(frame), Some((forwarder, connection))) => {
                 match forwarder.route_raw(frame) {
                     crate::forward::RoutedRaw::Upstream(step) => {
-                        forwarder.forward(step, &mut socket, connection).await?;
+                        forwarder.forward(step, &mut socket, &**connection).await?;
                         continue;
                     }
                     crate::forward::RoutedRaw::Malformed => {
@@ -203,7 +205,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                         break;
                     }
                     crate::forward::RoutedRaw::Local(mut frame) => {
-                        forwarder.settle(&mut socket, connection).await?;
+                        forwarder.settle(&mut socket, &**connection).await?;
                         match socket.codec_mut().decode(&mut frame) {
                             Ok(Some(message)) => message,
                             _ => break,
@@ -218,11 +220,11 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             (Incoming::Message(message), Some((forwarder, connection))) if !starting => {
                 match forwarder.route(message) {
                     crate::forward::Routed::Upstream(step) => {
-                        forwarder.forward(step, &mut socket, connection).await?;
+                        forwarder.forward(step, &mut socket, &**connection).await?;
                         continue;
                     }
                     crate::forward::Routed::Local(message) => {
-                        forwarder.settle(&mut socket, connection).await?;
+                        forwarder.settle(&mut socket, &**connection).await?;
                         message
                     }
                 }

@@ -51,7 +51,8 @@ async fn two_hundred_clients_never_exceed_eight_running_and_nothing_leaks() {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let running = shared
-                    .processes()
+                    .registry
+                    .all()
                     .iter()
                     .filter(|p| p.running && workloads.contains(&&*p.workload))
                     .count();

@@ -133,10 +133,11 @@ impl Connection {
     /// `options=-c workload=x` (psql: PGOPTIONS, libpq: options=) sets the session's workload.
     pub(super) fn apply_startup_options(&self, metadata: &HashMap<String, String>) {
         if let Some(database) = metadata.get("database") {
-            let _ = self.database.set(database.clone());
+            self.admission.set_database(database);
         }
         if let Some(name) = metadata.get("application_name") {
-            self.set_var("application_name", Some(name.clone()));
+            self.admission
+                .set_var("application_name", Some(name.clone()));
         }
         // Run-time parameters given as start-up keys (psql's PGTZ, PGDATESTYLE), then as
         // `-c` options, which PostgreSQL applies after them.
@@ -145,12 +146,13 @@ impl Connection {
                 name.to_ascii_lowercase().as_str(),
                 "timezone" | "datestyle" | "intervalstyle"
             ) {
-                self.set_var(&name.to_ascii_lowercase(), Some(value.clone()));
+                self.admission
+                    .set_var(&name.to_ascii_lowercase(), Some(value.clone()));
             }
         }
         if let Some(options) = metadata.get("options") {
             for (name, value) in startup_settings(options) {
-                self.set_var(&name, Some(value));
+                self.admission.set_var(&name, Some(value));
             }
         }
     }
@@ -169,7 +171,7 @@ impl Connection {
     pub(super) async fn embedded_start(&self) -> Result<(Vec<(String, String)>, Vec<String>)> {
         let mut reported = self.server_parameters();
         let mut warnings = Vec::new();
-        if let Some(zone) = self.var("timezone") {
+        if let Some(zone) = self.admission.var("timezone") {
             self.session().set_time_zone(&zone).await?;
             reported.push(("TimeZone".to_string(), zone));
         }
@@ -177,7 +179,7 @@ impl Connection {
             ("DateStyle", "datestyle", EMBEDDED_DATE_STYLE),
             ("IntervalStyle", "intervalstyle", EMBEDDED_INTERVAL_STYLE),
         ] {
-            if let Some(asked) = self.var(var) {
+            if let Some(asked) = self.admission.var(var) {
                 if !shown
                     .to_ascii_lowercase()
                     .starts_with(&asked.to_ascii_lowercase())
@@ -186,7 +188,7 @@ impl Connection {
                         "{name} '{asked}' is not one the embedded engine prints in; this session shows {shown}"
                     ));
                 }
-                self.set_var(var, Some(shown.to_string()));
+                self.admission.set_var(var, Some(shown.to_string()));
             }
             reported.push((name.to_string(), shown.to_string()));
         }

@@ -2,13 +2,31 @@
 //! upstream): the workload a statement runs in (pinned, requested, classified, its lane), its
 //! `system.processes` entry and record, then every resource its workload's tree asks for —
 //! query slots, CPU threads, memory — waited for in order, with the statement's stop
-//! ([`Stop`]: a cancel, a kill, its client gone, `max_execution_time`) and the notices it
+//! (`Stop`: a cancel, a kill, its client gone, `max_execution_time`) and the notices it
 //! tells the client while it waits.
 //!
-//! Invariant: what an admission took is held by its [`Admitted`] (its [`Held`] first) and let
+//! Invariant: what an admission took is held by its `Admitted` (its `Held` first) and let
 //! go when that is dropped, however the statement ends.
 
-use super::*;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{Sink, SinkExt};
+use pgwire::api::{ClientInfo, METADATA_USER};
+use pgwire::error::ErrorInfo;
+use pgwire::messages::PgWireBackendMessage;
+use sluice_sql::{Error, ErrorCode, Query, Result};
+
+use crate::record::RunRecord;
+use crate::registry::{Attachment, CancelKey, Flag, Grant, ProcessGuard};
+use crate::settings::{query_settings, QuerySettings};
+use crate::state::{access_denied, shutting_down, Phase, Shared, Snapshot};
+use crate::watch::ClientWatch;
 
 /// What a statement tells the client besides its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +97,7 @@ fn kept<T: Clone>(slot: Option<&std::sync::OnceLock<T>>, make: impl FnOnce() -> 
 /// nothing (sluice's own answers).
 #[derive(Default)]
 pub(crate) struct Held {
-    _process: Option<crate::state::ProcessGuard>,
+    _process: Option<ProcessGuard>,
     _grant: Option<Arc<Mutex<Grant>>>,
     _demoter: Option<crate::demotion::AbortOnDrop>,
 }
@@ -205,10 +223,142 @@ fn client_gone() -> Error {
     )
 }
 
-impl Connection {
-    /// The workload a query runs in, classifiers aside: [`Connection::chosen_workload`], else
-    /// [`Connection::fallback_workload`].
-    pub(super) fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
+/// One client's admission desk: who the client is (its user, database, address, cancel key),
+/// its session variables, and what its statements' admissions keep at hand (fingerprints,
+/// metrics series, the last workload's name). The connection's handlers and the upstream
+/// forwarder both hold it; neither reaches into the other.
+pub struct Admission {
+    shared: Arc<Shared>,
+    /// Session variables: `workload`, and whatever else clients `SET`.
+    /// (foldhash: every statement looks its workload up here.)
+    vars: Mutex<HashMap<String, String, foldhash::fast::RandomState>>,
+    watch: Arc<ClientWatch>,
+    /// This connection's cancel key, registered at its first statement.
+    cancel: std::sync::OnceLock<CancelKey>,
+    /// Raised by `pg_terminate_backend`: the connection closes (its message loop watches).
+    pub terminate: Arc<Flag>,
+    /// The fingerprints of the statements this connection ran lately, by text with literals
+    /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
+    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>>,
+    /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
+    peer: Option<std::net::IpAddr>,
+    /// The database named at start-up, for classifiers' `database`.
+    database: std::sync::OnceLock<String>,
+    /// The user it logged in as (see [`Admission::user`]).
+    user: std::sync::OnceLock<Arc<str>>,
+    /// The workload its last statement was admitted in, shared by that statement's records
+    /// and by the next one's when it runs there too (most do).
+    last_workload: Mutex<Option<Arc<str>>>,
+    /// The metrics series its statements were admitted under, by resource and workload (a
+    /// connection uses few; series live as long as the server).
+    series: Mutex<Vec<KeptSeries>>,
+}
+
+/// Texts whose fingerprints a connection keeps (all are dropped when it is full).
+const FINGERPRINTS_KEPT: usize = 256;
+
+/// Metrics series a connection keeps at hand (the oldest goes when it is full).
+const SERIES_KEPT: usize = 8;
+
+/// A metrics series kept at hand: its resource, its workload, the series.
+type KeptSeries = (String, Arc<str>, Arc<crate::metrics::Series>);
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(key) = self.cancel.get() {
+            self.shared.registry.forget_cancel(key);
+        }
+    }
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("user", &self.user.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    pub fn new(shared: Arc<Shared>, watch: ClientWatch) -> Admission {
+        Admission {
+            shared,
+            vars: Mutex::default(),
+            watch: Arc::new(watch),
+            cancel: std::sync::OnceLock::new(),
+            terminate: Arc::default(),
+            fingerprints: Mutex::default(),
+            peer: None,
+            database: std::sync::OnceLock::new(),
+            user: std::sync::OnceLock::new(),
+            last_workload: Mutex::default(),
+            series: Mutex::default(),
+        }
+    }
+
+    /// What the server shares.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The client is at `peer`.
+    pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Self {
+        self.peer = Some(peer.ip());
+        self
+    }
+
+    /// The database the client named at start-up (once).
+    pub fn set_database(&self, database: &str) {
+        let _ = self.database.set(database.to_string());
+    }
+
+    pub fn var(&self, name: &str) -> Option<String> {
+        self.with_var(name, |v| v.map(str::to_string))
+    }
+
+    /// `f` of session variable `name`, read in place.
+    pub fn with_var<R>(&self, name: &str, f: impl FnOnce(Option<&str>) -> R) -> R {
+        let vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
+        f(vars.get(name).map(String::as_str))
+    }
+
+    pub fn set_var(&self, name: &str, value: Option<String>) {
+        let mut vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
+        match value {
+            Some(v) => vars.insert(name.to_string(), v),
+            None => vars.remove(name),
+        };
+    }
+
+    /// The user the client logged in as, shared by its statements' records (it is fixed once
+    /// the client is authenticated, before any statement).
+    pub fn user<C: ClientInfo>(&self, client: &C) -> Arc<str> {
+        self.user
+            .get_or_init(|| {
+                Arc::from(
+                    client
+                        .metadata()
+                        .get(METADATA_USER)
+                        .map_or("", String::as_str),
+                )
+            })
+            .clone()
+    }
+
+    /// Registers this connection's cancel key (once).
+    pub fn cancellable<C: ClientInfo>(&self, client: &C) {
+        if self.cancel.get().is_none() {
+            let (pid, secret) = client.pid_and_secret_key();
+            let key = (pid, secret.to_bytes().to_vec());
+            self.shared.registry.cancellable(key.clone());
+            self.shared.registry.terminable(pid, self.terminate.clone());
+            let _ = self.cancel.set(key);
+        }
+    }
+
+    /// The workload a query runs in, classifiers aside: the chosen one, else
+    /// the fallback.
+    pub fn workload_of(&self, user: &str, requested: Option<String>) -> Result<String> {
         Ok(match self.chosen_workload(user, requested)? {
             Some(w) => w.to_string(),
             None => self.fallback_workload(user).to_string(),
@@ -219,11 +369,7 @@ impl Connection {
     /// (a request for another is refused), else the `SETTINGS` tail's, else the session's.
     ///
     /// Shared with the connection's last statement when it names the same (no copy).
-    pub(super) fn chosen_workload(
-        &self,
-        user: &str,
-        requested: Option<String>,
-    ) -> Result<Option<Arc<str>>> {
+    fn chosen_workload(&self, user: &str, requested: Option<String>) -> Result<Option<Arc<str>>> {
         let requested = match requested {
             Some(r) => Some(self.shared_name(&r)),
             None => self.with_var("workload", |v| v.map(|v| self.shared_name(v))),
@@ -240,7 +386,7 @@ impl Connection {
 
     /// Where a query nobody chose a workload for, and no classifier placed, runs: its user's
     /// `default_workload`, else `default`.
-    pub(super) fn fallback_workload(&self, user: &str) -> &str {
+    fn fallback_workload(&self, user: &str) -> &str {
         self.shared
             .users
             .get(user)
@@ -250,7 +396,7 @@ impl Connection {
 
     /// The classifiers' verdict on a query nobody chose a workload for: the rule that places
     /// it, with what it was judged on. Dry-run rules that match before it count and log.
-    pub(super) fn classify(
+    fn classify(
         &self,
         user: &str,
         query: &Query,
@@ -286,7 +432,7 @@ impl Connection {
         }))
     }
 
-    pub(super) fn check_pinned(&self, user: &str, workload: &str) -> Result<()> {
+    pub fn check_pinned(&self, user: &str, workload: &str) -> Result<()> {
         match self.shared.users.get(user).and_then(|u| u.pinned_workload.as_ref()) {
             Some(pinned) if pinned != workload => Err(Error::new(
                 ErrorCode::SettingConstraintViolation,
@@ -298,11 +444,7 @@ impl Connection {
 
     /// How long a statement may wait for admission: the query's `workload_admission_timeout_ms`,
     /// else the session's (`SET`), else its user's default; 0 (or nothing) is no limit.
-    pub(super) fn admission_timeout(
-        &self,
-        user: &str,
-        query: Option<Duration>,
-    ) -> Result<Option<Duration>> {
+    fn admission_timeout(&self, user: &str, query: Option<Duration>) -> Result<Option<Duration>> {
         let session = self.with_var("workload_admission_timeout_ms", |v| match v {
             None => Ok(None),
             Some(v) => Ok(Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
@@ -322,7 +464,7 @@ impl Connection {
     }
 
     /// What ends a statement early, once admitted (see [`Stop`]).
-    pub(super) fn stop(
+    fn stop(
         &self,
         max_execution_time: Option<Duration>,
         grant: Option<Arc<Mutex<Grant>>>,
@@ -395,11 +537,7 @@ impl Connection {
     }
 
     /// The metrics series of `workload` in `resource`, from the connection's own few.
-    pub(super) fn series(
-        &self,
-        resource: &str,
-        workload: &Arc<str>,
-    ) -> Arc<crate::metrics::Series> {
+    fn series(&self, resource: &str, workload: &Arc<str>) -> Arc<crate::metrics::Series> {
         let mut kept = self.series.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, _, s)) = kept
             .iter()
@@ -416,7 +554,7 @@ impl Connection {
     }
 
     /// `workload` as the connection's last statement had it, or anew.
-    pub(super) fn shared_name(&self, workload: &str) -> Arc<str> {
+    fn shared_name(&self, workload: &str) -> Arc<str> {
         let mut last = self.last_workload.lock().unwrap_or_else(|p| p.into_inner());
         match &*last {
             Some(name) if **name == *workload => name.clone(),
@@ -426,7 +564,7 @@ impl Connection {
 
     /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
     /// statement run with new values each time (most are) is lexed for it once.
-    pub(super) fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
+    fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
         let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
         let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = kept.get(key.as_ref()) {
@@ -441,7 +579,7 @@ impl Connection {
     }
 
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
-    pub(super) fn lane_of(
+    fn lane_of(
         &self,
         catalog: &sluice_catalog::Catalog,
         user: &str,
@@ -469,11 +607,11 @@ impl Connection {
     /// permits already held to the new `workload`; a kill, the client going away, shutdown or
     /// the admission deadline end the wait with their error.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn wait_for_slots(
+    async fn wait_for_slots(
         &self,
         order: &[(&String, &sluice_sched::ResourceScheduler)],
-        guard: &crate::state::ProcessGuard,
-        snapshot: &crate::state::Snapshot,
+        guard: &ProcessGuard,
+        snapshot: &Snapshot,
         workload: &mut Arc<str>,
         attachments: &mut Vec<Attachment>,
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
@@ -537,7 +675,7 @@ impl Connection {
                             held.in_flight = self.shared.metrics.series(&held.resource, &to).held();
                         }
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
-                        self.shared.show_in(guard.query_id, &to);
+                        self.shared.registry.show_in(guard.query_id, &to);
                         *workload = Arc::from(to);
                         drop(counted_waiting);
                         if !in_place {
@@ -578,10 +716,10 @@ impl Connection {
     /// resource, admitted with `reserve_memory` bytes (waiting for them in its queue), and its
     /// `max_memory_usage` cap. `None` when neither applies.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn reserve_memory(
+    async fn reserve_memory(
         &self,
-        guard: &crate::state::ProcessGuard,
-        snapshot: &crate::state::Snapshot,
+        guard: &ProcessGuard,
+        snapshot: &Snapshot,
         workload: &str,
         settings: &QuerySettings,
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
@@ -648,7 +786,7 @@ impl Connection {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn admit_in(
+    async fn admit_in(
         &self,
         user: &Arc<str>,
         workload: &Arc<str>,
@@ -661,7 +799,7 @@ impl Connection {
         // A query slot and a master thread's, most often.
         let mut attachments: Vec<Attachment> = Vec::with_capacity(2);
         let pid = self.cancel.get().map(|(pid, _)| *pid);
-        let guard = self.shared.register(user, workload, text, pid);
+        let guard = self.shared.registry.register(user, workload, text, pid);
         // Only a statement a rule placed can be placed again while it waits.
         let placed_by_rule = classified.is_some();
         guard.classified(classified);
@@ -750,7 +888,7 @@ impl Connection {
         guard.running(grant.clone());
         if let Some(record) = record.as_mut() {
             let classifier = placed_by_rule
-                .then(|| self.shared.classifier_of(guard.query_id))
+                .then(|| self.shared.registry.classifier_of(guard.query_id))
                 .flatten();
             record.admitted(grant.clone(), classifier);
         }
