@@ -46,6 +46,9 @@ pub struct UpstreamConfig {
     /// Clients log in as the upstream's roles, with their passwords: `true` (PgBouncer's
     /// query on `pg_shadow`) or the SQL that reads a role's SCRAM verifier (`$1` its name).
     pub auth_query: Option<AuthQueryConfig>,
+    /// Seconds an upstream connection may sit idle in a pool before it is closed; 0: never
+    /// [default: 600, PgBouncer's].
+    pub server_idle_timeout: Option<f64>,
 }
 
 /// `auth_query = true` or `auth_query = "SELECT …"`.

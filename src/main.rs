@@ -465,6 +465,7 @@ fn upstream_options(
         pool_mode: sluice_server::upstream::PoolMode::Session,
         admission: sluice_server::upstream::AdmissionMode::Statement,
         auth_query: None,
+        server_idle_timeout: Some(sluice_server::upstream::DEFAULT_SERVER_IDLE_TIMEOUT),
     };
     let Some(c) = config else {
         return Ok(Some(default));
@@ -481,9 +482,18 @@ fn upstream_options(
     if pool_size == 0 {
         anyhow::bail!("upstream.pool_size: must be at least 1");
     }
+    let server_idle_timeout = match c.server_idle_timeout {
+        None => default.server_idle_timeout,
+        Some(0.0) => None,
+        Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+        Some(s) => anyhow::bail!(
+            "upstream.server_idle_timeout: must be a number of seconds, 0 for never, got {s}"
+        ),
+    };
     Ok(Some(sluice_server::upstream::UpstreamOptions {
         url,
         pool_size,
+        server_idle_timeout,
         pool_mode: match &c.pool_mode {
             Some(m) => m.parse().map_err(|e| anyhow::anyhow!("upstream.{e}"))?,
             None => default.pool_mode,

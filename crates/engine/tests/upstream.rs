@@ -553,3 +553,68 @@ fn a_connection_lent_on_another_thread_moves_there() {
     .join()
     .expect("the second thread");
 }
+
+/// Pools sharing slots keep at most `size` connections open between them, lent or idle: one
+/// that must open a connection while that many are open closes another pool's idle one first
+/// (the one idle longest). `close_idle` closes those idle past a timeout, in every pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_sharing_slots_keep_at_most_size_connections_open() {
+    use sluice_engine::upstream::UpstreamPool;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path(), "pool", Auth::Trust);
+    let backends = || {
+        pg.psql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'pool' AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
+            .trim()
+            .parse::<usize>()
+            .expect("a count")
+    };
+    let pg = &pg;
+    let backends_become = |n: usize| async move {
+        for _ in 0..100 {
+            if backends() == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rows = pg.psql("SELECT pid, state, backend_type, query, application_name FROM pg_stat_activity WHERE usename = 'pool'");
+        assert_eq!(backends(), n, "backends of the pools' role: {rows}");
+    };
+    let url = UpstreamUrl::parse(&format!(
+        "postgres://pool@127.0.0.1:{}/postgres?sslmode=disable&connect_timeout=5",
+        pg.port
+    ))
+    .expect("url");
+    let first = UpstreamPool::new(url.clone(), 2);
+    let second = UpstreamPool::sharing(
+        UpstreamUrl {
+            parameters: vec![("search_path".into(), "other".into())],
+            ..url
+        },
+        &first,
+    );
+    let a = first.checkout().await.expect("a");
+    let b = first.checkout().await.expect("b");
+    drop(a);
+    drop(b);
+    eventually("both idle in the first pool", || first.idle() == 2).await;
+    assert_eq!(first.open(), 2);
+    // The second pool needs one: the first's idle one goes, so two stay open, not three.
+    let c = second.checkout().await.expect("c");
+    assert_eq!(first.idle(), 1);
+    assert_eq!(second.open(), 2);
+    // PostgreSQL sees the closed one go once its backend notices.
+    backends_become(2).await;
+    drop(c);
+    eventually("back idle in the second pool", || second.idle() == 1).await;
+    // Not idle long enough: kept.
+    assert_eq!(first.close_idle(Duration::from_secs(3600)), 0);
+    assert_eq!(first.open(), 2);
+    // Idle past the timeout: closed, in both pools, and PostgreSQL sees them go.
+    assert_eq!(first.close_idle(Duration::ZERO), 2);
+    assert_eq!((first.idle(), second.idle(), first.open()), (0, 0, 0));
+    backends_become(0).await;
+    // A pool with room opens anew.
+    let d = second.checkout().await.expect("d");
+    assert_eq!(first.open(), 1);
+    drop(d);
+}

@@ -68,6 +68,12 @@ struct Expect {
     answer: Answer,
     /// The pooled statement name a Parse creates on the connection (undone if it fails).
     prepares: Option<String>,
+    /// The client's statement name a Parse defines (forgotten if it fails or is skipped, as
+    /// PostgreSQL never defines it).
+    defines: Option<String>,
+    /// A pooled statement name the upstream's error shows, and the client's name shown
+    /// instead.
+    shows: Option<(String, String)>,
 }
 
 impl Expect {
@@ -75,6 +81,8 @@ impl Expect {
         Expect {
             answer,
             prepares: None,
+            defines: None,
+            shows: None,
         }
     }
 
@@ -1011,6 +1019,7 @@ mod tests {
             pool_mode: PoolMode::Session,
             admission: AdmissionMode::Statement,
             auth_query: None,
+            server_idle_timeout: None,
         })))
     }
 

@@ -174,6 +174,9 @@ pub async fn serve(
     }
     if let Some(upstream) = &shared.upstream {
         upstream.probe().await;
+        if let Some(idle_for) = upstream.options.server_idle_timeout {
+            tokio::spawn(upstream::close_idle_connections(upstream.clone(), idle_for));
+        }
     }
     loop {
         tokio::select! {

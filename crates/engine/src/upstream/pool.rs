@@ -15,12 +15,17 @@
 //!   one (sluice runs connections on a thread each): an idle connection of the borrower's
 //!   thread is lent first, another is moved there (unencrypted ones; an encrypted one stays
 //!   registered where it was opened, which works, a wake-up slower).
+//! - The pools that share slots ([`UpstreamPool::sharing`]) hold at most `size` connections
+//!   open between them, lent or idle: a pool that must open one more while that many are open
+//!   first closes the idle connection unused longest, whichever pool it is in.
+//!   [`UpstreamPool::close_idle`] closes those idle longer than a timeout.
 //! - While the upstream cannot be reached, a checkout fails at once with
 //!   ALL_CONNECTION_TRIES_FAILED (08006) naming the upstream, instead of every client waiting
 //!   out the connect timeout: after a failed connect the pool waits (backoff doubling from
 //!   100 ms to 5 s) before it tries again, and fails fast meanwhile.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sluice_sql::{Error, ErrorCode, Result};
@@ -45,15 +50,108 @@ struct Health {
     last_error: Option<Error>,
 }
 
+/// What the pools sharing slots share: the slots, and the count of their open connections.
+#[derive(Debug)]
+struct Budget {
+    /// One permit per connection the pools may lend at once.
+    slots: Arc<Semaphore>,
+    /// How many: `slots`' permits when none is taken; also the most connections the pools
+    /// keep open between them, lent or idle.
+    size: usize,
+    /// Connections open now, lent or idle (each counted by its [`Counted`]), and those being
+    /// opened.
+    open: AtomicUsize,
+    /// The pools that share it, for closing another pool's idle connection.
+    members: Mutex<Vec<Weak<Inner>>>,
+}
+
+impl Budget {
+    fn new(size: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            slots: Arc::new(Semaphore::new(size)),
+            size,
+            open: AtomicUsize::new(0),
+            members: Mutex::default(),
+        })
+    }
+
+    fn join(&self, pool: &Arc<Inner>) {
+        let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        members.retain(|m| m.strong_count() > 0);
+        members.push(Arc::downgrade(pool));
+    }
+
+    fn pools(&self) -> Vec<Arc<Inner>> {
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        members.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Closes the idle connection unused longest, in any pool; whether there was one.
+    fn close_longest_idle(&self) -> bool {
+        let mut oldest: Option<(Arc<Inner>, Instant)> = None;
+        for pool in self.pools() {
+            let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(first) = idle.first() {
+                if oldest
+                    .as_ref()
+                    .is_none_or(|(_, since)| first.since < *since)
+                {
+                    oldest = Some((pool.clone(), first.since));
+                }
+            }
+        }
+        let Some((pool, since)) = oldest else {
+            return false;
+        };
+        let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+        match idle.iter().position(|c| c.since == since) {
+            Some(at) => {
+                drop(idle.remove(at));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One open connection counted in its budget; uncounted when dropped (with the connection).
+#[derive(Debug)]
+struct Counted(Arc<Budget>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection idle in a pool, and since when.
+#[derive(Debug)]
+struct Idle {
+    conn: UpstreamConnection,
+    since: Instant,
+    _counted: Counted,
+}
+
 #[derive(Debug)]
 struct Inner {
     url: UpstreamUrl,
-    /// One permit per connection the pool may hold open.
-    slots: Arc<Semaphore>,
-    /// How many: `slots`' permits when none is taken.
-    size: usize,
-    idle: Mutex<Vec<UpstreamConnection>>,
+    budget: Arc<Budget>,
+    /// Oldest first: given back connections are pushed at the end.
+    idle: Mutex<Vec<Idle>>,
     health: Mutex<Health>,
+}
+
+impl Inner {
+    fn give_back(&self, conn: UpstreamConnection, counted: Counted) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Idle {
+                conn,
+                since: Instant::now(),
+                _counted: counted,
+            });
+    }
 }
 
 /// A pool of connections to one upstream. Cheap to clone (shared).
@@ -67,6 +165,7 @@ pub struct UpstreamPool {
 #[derive(Debug)]
 pub struct Lent {
     conn: Option<UpstreamConnection>,
+    counted: Option<Counted>,
     pool: Arc<Inner>,
     _slot: OwnedSemaphorePermit,
 }
@@ -74,38 +173,29 @@ pub struct Lent {
 impl UpstreamPool {
     /// A pool of at most `size` connections (at least one) to `url`. Connects lazily.
     pub fn new(url: UpstreamUrl, size: usize) -> UpstreamPool {
-        UpstreamPool {
-            inner: Arc::new(Inner {
-                url,
-                slots: Arc::new(Semaphore::new(size.max(1))),
-                size: size.max(1),
-                idle: Mutex::new(Vec::new()),
-                health: Mutex::new(Health {
-                    retry_at: None,
-                    backoff: FIRST_BACKOFF,
-                    last_error: None,
-                }),
-            }),
-        }
+        UpstreamPool::in_budget(url, Budget::new(size.max(1)))
     }
 
-    /// A pool for `url` whose lent connections count against `other`'s: the two share its
-    /// slots, so the pools of one upstream (one per database and start-up parameters) lend at
-    /// most `other`'s size of connections at once between them.
-    pub fn sharing(url: UpstreamUrl, other: &UpstreamPool) -> UpstreamPool {
-        UpstreamPool {
-            inner: Arc::new(Inner {
-                url,
-                slots: other.inner.slots.clone(),
-                size: other.inner.size,
-                idle: Mutex::new(Vec::new()),
-                health: Mutex::new(Health {
-                    retry_at: None,
-                    backoff: FIRST_BACKOFF,
-                    last_error: None,
-                }),
+    fn in_budget(url: UpstreamUrl, budget: Arc<Budget>) -> UpstreamPool {
+        let inner = Arc::new(Inner {
+            url,
+            budget: budget.clone(),
+            idle: Mutex::new(Vec::new()),
+            health: Mutex::new(Health {
+                retry_at: None,
+                backoff: FIRST_BACKOFF,
+                last_error: None,
             }),
-        }
+        });
+        budget.join(&inner);
+        UpstreamPool { inner }
+    }
+
+    /// A pool for `url` whose connections count against `other`'s: the two share its slots,
+    /// so the pools of one upstream (one per database and start-up parameters) lend at most
+    /// `other`'s size of connections at once between them, and keep no more open.
+    pub fn sharing(url: UpstreamUrl, other: &UpstreamPool) -> UpstreamPool {
+        UpstreamPool::in_budget(url, other.inner.budget.clone())
     }
 
     pub fn url(&self) -> &UpstreamUrl {
@@ -114,7 +204,7 @@ impl UpstreamPool {
 
     /// Whether a checkout now would not wait: a connection is idle, or one more may open.
     pub fn has_room(&self) -> bool {
-        self.inner.slots.available_permits() > 0
+        self.inner.budget.slots.available_permits() > 0
     }
 
     /// Whether this handle is the pool's only one: no client holds the pool and none of its
@@ -133,12 +223,33 @@ impl UpstreamPool {
             .len()
     }
 
+    /// Connections open now, lent or idle, in this pool and every pool sharing its slots.
+    pub fn open(&self) -> usize {
+        self.inner.budget.open.load(Ordering::Relaxed)
+    }
+
+    /// Closes the connections idle longer than `idle_for` in this pool and every pool sharing
+    /// its slots (PgBouncer's `server_idle_timeout`); how many it closed.
+    pub fn close_idle(&self, idle_for: Duration) -> usize {
+        let now = Instant::now();
+        let mut closed = 0;
+        for pool in self.inner.budget.pools() {
+            let stale: Vec<Idle> = {
+                let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let keep = idle.partition_point(|c| now.duration_since(c.since) >= idle_for);
+                idle.drain(..keep).collect()
+            };
+            closed += stale.len();
+        }
+        closed
+    }
+
     /// Lends a connection: an idle one, or a new one when fewer than `size` are open; waits
     /// (up to the URL's `connect_timeout`) while all are lent.
     pub async fn checkout(&self) -> Result<Lent> {
         let inner = &self.inner;
         let timeout = inner.url.connect_timeout;
-        let slot = tokio::time::timeout(timeout, inner.slots.clone().acquire_owned())
+        let slot = tokio::time::timeout(timeout, inner.budget.slots.clone().acquire_owned())
             .await
             .map_err(|_| {
                 Error::new(
@@ -157,16 +268,20 @@ impl UpstreamPool {
         let idle = loop {
             let next = {
                 let mut idle = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
-                match idle.iter().rposition(|c| c.is_home_at(here)) {
+                match idle.iter().rposition(|c| c.conn.is_home_at(here)) {
                     Some(i) => Some(idle.remove(i)),
                     None => idle.pop(),
                 }
             };
             match next {
-                Some(mut conn) => {
+                Some(Idle {
+                    mut conn,
+                    _counted: counted,
+                    ..
+                }) => {
                     if conn.is_usable() {
                         match conn.at_home() {
-                            Ok(conn) => break Some(conn),
+                            Ok(conn) => break Some((conn, counted)),
                             Err(e) => tracing::debug!("upstream connection dropped: {e}"),
                         }
                     }
@@ -174,14 +289,23 @@ impl UpstreamPool {
                 None => break None,
             }
         };
-        let mut conn = match idle {
-            Some(conn) => conn,
-            None => self.connect().await?,
+        let (mut conn, counted) = match idle {
+            Some(idle) => idle,
+            None => {
+                // Counted before it is opened, so two checkouts at once see each other.
+                let counted = Counted(inner.budget.clone());
+                if inner.budget.open.fetch_add(1, Ordering::Relaxed) >= inner.budget.size {
+                    // As many open as may be: another pool's idle one makes room.
+                    inner.budget.close_longest_idle();
+                }
+                (self.connect().await?, counted)
+            }
         };
         // Until the borrower says otherwise, it may change anything.
         conn.dirty = true;
         Ok(Lent {
             conn: Some(conn),
+            counted: Some(counted),
             pool: inner.clone(),
             _slot: slot,
         })
@@ -237,6 +361,7 @@ impl Lent {
     /// for: a protocol error, a cancelled COPY).
     pub fn discard(mut self) {
         self.conn = None;
+        self.counted = None;
     }
 }
 
@@ -255,7 +380,7 @@ impl std::ops::DerefMut for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else {
+        let (Some(conn), Some(counted)) = (self.conn.take(), self.counted.take()) else {
             return;
         };
         // The reset talks to the upstream, so it runs in a task of its own; the slot is held
@@ -266,19 +391,13 @@ impl Drop for Lent {
         let pool = self.pool.clone();
         if !conn.dirty && conn.awaiting == 0 && conn.transaction == b'I' {
             // Nothing of its client's outlives the transaction: lent again as it is.
-            pool.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
+            pool.give_back(conn, counted);
             return;
         }
         let slot = std::mem::replace(&mut self._slot, placeholder_permit());
         runtime.spawn(async move {
             if let Some(conn) = reset(conn).await {
-                pool.idle
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(conn);
+                pool.give_back(conn, counted);
             }
             drop(slot);
         });

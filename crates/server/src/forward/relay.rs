@@ -209,9 +209,12 @@ impl Forwarder {
                         }
                     }
                     let stopped = self.running.as_ref().and_then(|r| r.stopped.as_ref());
-                    match stopped {
-                        Some(e) if sqlstate(&frame) == "57014" => {
+                    match (stopped, &head.shows) {
+                        (Some(e), _) if sqlstate(&frame) == "57014" => {
                             write_raw(socket, &error_bytes(e)).await?;
+                        }
+                        (_, Some((pooled, client))) => {
+                            write_frame(socket, &naming_client(&frame, pooled, client)).await?
                         }
                         _ => write_frame(socket, &frame).await?,
                     }
@@ -226,6 +229,9 @@ impl Forwarder {
                         }
                         if let Some(name) = &a.prepares {
                             lent.prepared.remove(name);
+                        }
+                        if let Some(name) = &a.defines {
+                            self.statements.remove(name);
                         }
                         answers.pop_front();
                     }

@@ -247,6 +247,9 @@ pub enum Step {
     Parse {
         name: String,
         prepared: Arc<Prepared>,
+        /// Transaction pooling: the statement the client already holds under `name` (closed
+        /// neither by a Close nor a `DEALLOCATE`), which PostgreSQL refuses to replace (42P05).
+        existing: Option<Arc<Prepared>>,
     },
     /// A Bind as the client sent it (type, length, body); `statement`: where the statement's
     /// name is in it (without its NUL), renamed in transaction pooling.
@@ -299,6 +302,28 @@ pub enum RoutedRaw {
 }
 
 impl Forwarder {
+    /// A Parse of `prepared` under the client's name `statement`. In transaction pooling a
+    /// name the client still holds keeps its statement: the Parse is sent so that the upstream
+    /// refuses it as PostgreSQL refuses the client (see `translate`).
+    fn define(&mut self, statement: String, prepared: Prepared) -> Step {
+        self.local_statements.remove(&statement);
+        let prepared = Arc::new(prepared);
+        let existing = match self.upstream.options.pool_mode {
+            PoolMode::Transaction if !statement.is_empty() => {
+                self.statements.get(&statement).cloned()
+            }
+            _ => None,
+        };
+        if existing.is_none() {
+            self.statements.insert(statement.clone(), prepared.clone());
+        }
+        Step::Parse {
+            name: statement,
+            prepared,
+            existing,
+        }
+    }
+
     /// Where `message` goes. Called for every message in the order the client sent them, so
     /// the names it defines and drops are followed here.
     pub fn route(&mut self, message: PgWireFrontendMessage) -> Routed {
@@ -321,15 +346,7 @@ impl Forwarder {
             PgWireFrontendMessage::Parse(p) => {
                 let statement = name(&p.name);
                 match forwarded(&p.query) {
-                    Some(f) => {
-                        self.local_statements.remove(&statement);
-                        let prepared = Arc::new(Prepared::new(f, p.type_oids));
-                        self.statements.insert(statement.clone(), prepared.clone());
-                        Step::Parse {
-                            name: statement,
-                            prepared,
-                        }
-                    }
+                    Some(f) => self.define(statement, Prepared::new(f, p.type_oids)),
                     None => {
                         self.statements.remove(&statement);
                         self.local_statements.insert(statement);
@@ -525,14 +542,10 @@ impl Forwarder {
                     self.local_statements.insert(statement);
                     return RoutedRaw::Local(frame);
                 };
-                self.local_statements.remove(&statement);
                 let raw = bytes::Bytes::copy_from_slice(&frame[text]);
-                let prepared = Arc::new(Prepared::with_text(f, types, Some(raw)));
-                self.statements.insert(statement.clone(), prepared.clone());
-                RoutedRaw::Upstream(Step::Parse {
-                    name: statement,
-                    prepared,
-                })
+                RoutedRaw::Upstream(
+                    self.define(statement, Prepared::with_text(f, types, Some(raw))),
+                )
             }
             Some(b'S') => {
                 if self.pending.is_empty() && !self.in_batch && self.failed == Failed::No {

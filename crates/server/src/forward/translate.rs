@@ -26,22 +26,43 @@ pub(super) fn translate(
         if sent {
             prepared.encode_parse(&prepared.pooled_name, out);
             answers.push_back(Expect {
-                answer,
                 prepares: Some(prepared.pooled_name.clone()),
+                ..Expect::new(answer)
             });
         }
         sent
     };
     match step {
-        Step::Parse { name, prepared } => {
+        Step::Parse {
+            name,
+            prepared,
+            existing: Some(existing),
+        } => {
+            // PostgreSQL parses the text, then refuses the name in use (42P05), and skips
+            // to Sync: the text goes under the pooled name of the statement that holds the
+            // client's name, on a connection made to hold it, so the upstream answers (and
+            // skips) as it would answer the client; its error shows the client's name.
+            ensure(&existing, Answer::Prepare, lent, out, answers);
+            prepared.encode_parse(&existing.pooled_name, out);
+            answers.push_back(Expect {
+                shows: Some((existing.pooled_name.clone(), name)),
+                ..Expect::relay(Ends::One)
+            });
+        }
+        Step::Parse { name, prepared, .. } => {
             *dirty |= prepared.forwarded.changes_session;
             if pooled && !name.is_empty() {
                 if !ensure(&prepared, Answer::Relay(Ends::One), lent, out, answers) {
                     answers.push_back(Expect::new(Answer::Synthetic(messages::PARSE_COMPLETE)));
+                } else if let Some(sent) = answers.back_mut() {
+                    sent.defines = Some(name);
                 }
             } else {
                 prepared.encode_parse(&name, out);
-                answers.push_back(Expect::relay(Ends::One));
+                answers.push_back(Expect {
+                    defines: Some(name),
+                    ..Expect::relay(Ends::One)
+                });
             }
         }
         Step::Bind {
@@ -125,3 +146,31 @@ pub(super) fn upstream_settings(admitted: &Admitted) -> String {
 
 pub(super) const RESET_WORKERS: &str = "RESET max_parallel_workers_per_gather";
 pub(super) const RESET_MEMORY: &str = "RESET work_mem";
+
+/// An upstream ErrorResponse naming pooled statement `pooled`, as the client sees it: its
+/// message names the client's statement `client` instead.
+pub(super) fn naming_client(error: &Frame, pooled: &str, client: &str) -> Frame {
+    use bytes::BufMut;
+    let quoted = format!("\"{pooled}\"");
+    let shown = format!("\"{client}\"");
+    let mut body = BytesMut::with_capacity(error.body.len() + client.len());
+    for field in error.body.split(|&b| b == 0) {
+        if field.is_empty() {
+            break; // the terminator
+        }
+        match field.split_first() {
+            Some((b'M', text)) => {
+                body.put_u8(b'M');
+                let text = String::from_utf8_lossy(text).replacen(&quoted, &shown, 1);
+                body.extend_from_slice(text.as_bytes());
+            }
+            _ => body.extend_from_slice(field),
+        }
+        body.put_u8(0);
+    }
+    body.put_u8(0);
+    Frame {
+        tag: error.tag,
+        body: body.freeze(),
+    }
+}

@@ -6,6 +6,9 @@
 pub mod options;
 pub mod pools;
 
-pub use options::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_AUTH_QUERY};
+pub use options::{
+    AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_AUTH_QUERY,
+    DEFAULT_SERVER_IDLE_TIMEOUT,
+};
 pub(crate) use pools::follow_parameter;
-pub use pools::{client_parameters, fatal_from, SessionBackend, Upstream};
+pub use pools::{client_parameters, close_idle_connections, fatal_from, SessionBackend, Upstream};

@@ -15,7 +15,13 @@ pub struct UpstreamOptions {
     /// role's name; the last column of the first row is read), so clients log in with their
     /// PostgreSQL roles and passwords. `None`: clients log in with `[[users]]`, or are trusted.
     pub auth_query: Option<String>,
+    /// `server_idle_timeout`: an upstream connection idle in a pool this long is closed
+    /// (PgBouncer's setting of that name); `None`: kept until it is needed elsewhere.
+    pub server_idle_timeout: Option<std::time::Duration>,
 }
+
+/// `server_idle_timeout` when the config says nothing: PgBouncer's default.
+pub const DEFAULT_SERVER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// PgBouncer's default `auth_query` (`pg_shadow` is readable by superusers only).
 pub const DEFAULT_AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_shadow WHERE usename = $1";

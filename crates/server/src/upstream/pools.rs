@@ -70,6 +70,33 @@ const PASSED_PARAMETERS: &[&str] = &[
     "in_hot_standby",
 ];
 
+/// Closes the upstream connections idle longer than `idle_for`, in every pool, for as long as
+/// the upstream is served (looked at a few times per `idle_for`, so one is closed at most a
+/// quarter of it late).
+pub async fn close_idle_connections(
+    upstream: std::sync::Arc<Upstream>,
+    idle_for: std::time::Duration,
+) {
+    let every = (idle_for / 4).max(std::time::Duration::from_millis(10));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Not kept alive by this task: it ends once the server is gone.
+    let upstream = std::sync::Arc::downgrade(&upstream);
+    loop {
+        ticks.tick().await;
+        let Some(upstream) = upstream.upgrade() else {
+            return;
+        };
+        let closed = upstream.pool.close_idle(idle_for);
+        if closed > 0 {
+            tracing::debug!(
+                closed,
+                "upstream connections idle past server_idle_timeout closed"
+            );
+        }
+    }
+}
+
 impl Upstream {
     pub fn new(options: UpstreamOptions) -> Upstream {
         Upstream {
