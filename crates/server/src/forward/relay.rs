@@ -53,7 +53,9 @@ impl Forwarder {
                 write_raw(socket, &messages::bodiless(*tag)).await?;
                 answers.pop_front();
             }
-            let Some(head) = answers.front().cloned() else {
+            // What the answer at the head is (copied: the rest of its `Expect` is read only
+            // on an error).
+            let Some(head) = answers.front().map(|e| e.answer) else {
                 break;
             };
             let lent = self.lent.as_mut().expect("lent while relaying");
@@ -80,7 +82,7 @@ impl Forwarder {
                     self.status =
                         messages::transaction_status(message.get(5).copied().unwrap_or(b'I'));
                     socket.set_transaction_status(self.status);
-                    matches!(head.answer, Answer::Relay(_))
+                    matches!(head, Answer::Relay(_))
                 } else {
                     if tag == b'C' {
                         if let Some(record) = self.running.as_mut().and_then(|r| r.record.as_mut())
@@ -88,7 +90,7 @@ impl Forwarder {
                             record.add_rows(rows_counted(&message[5..]));
                         }
                     }
-                    head.answer.shown()
+                    head.shown()
                 };
                 if shown {
                     write_message(socket, message).await?;
@@ -102,7 +104,7 @@ impl Forwarder {
                 if tag == b'Z' {
                     answers.pop_front();
                     got_ready = true;
-                } else if head.answer.ends().by(tag) {
+                } else if head.ends().by(tag) {
                     answers.pop_front();
                 }
                 continue;
@@ -190,7 +192,7 @@ impl Forwarder {
                     socket.get_mut().flush().await?;
                     return Err(session_ended());
                 }
-                b'E' if head.answer == Answer::Quiet => {
+                b'E' if head == Answer::Quiet => {
                     // sluice's own SETs failed (the upstream is no PostgreSQL, a start-up
                     // option it does not know): the client hears of it, its statement runs.
                     let notice = Frame {
@@ -209,7 +211,8 @@ impl Forwarder {
                         }
                     }
                     let stopped = self.running.as_ref().and_then(|r| r.stopped.as_ref());
-                    match (stopped, &head.shows) {
+                    let shows = answers.front().and_then(|e| e.shows.as_ref());
+                    match (stopped, shows) {
                         (Some(e), _) if sqlstate(&frame) == "57014" => {
                             write_raw(socket, &error_bytes(e)).await?;
                         }
@@ -218,7 +221,7 @@ impl Forwarder {
                         }
                         _ => write_frame(socket, &frame).await?,
                     }
-                    if head.answer.ends() == Ends::Ready {
+                    if head.ends() == Ends::Ready {
                         continue; // a simple Query's error: its ReadyForQuery follows
                     }
                     // The upstream skips the rest up to Sync.
@@ -243,18 +246,17 @@ impl Forwarder {
                 b'G' => {
                     write_frame(socket, &frame).await?;
                     socket.get_mut().flush().await?;
-                    let extended =
-                        head.answer != Answer::Relay(Ends::Ready) && head.answer != Answer::Piece;
+                    let extended = head != Answer::Relay(Ends::Ready) && head != Answer::Piece;
                     self.copy_in(socket, extended).await?;
                     continue;
                 }
                 // Only what `passes_in_place` leaves comes here (the start-up's 'K' and 'R'
                 // besides those above): rows, completions and ReadyForQuery never do.
                 tag => {
-                    if head.answer.shown() {
+                    if head.shown() {
                         write_frame(socket, &frame).await?;
                     }
-                    if head.answer.ends().by(tag) {
+                    if head.ends().by(tag) {
                         answers.pop_front();
                     }
                 }
