@@ -332,9 +332,12 @@ impl Forwarder {
             }
             other => {
                 // Session pooling: the backend was the client's session (its pid the
-                // client's), so the session ends with it, as going direct; in transaction
-                // pooling the client's next statement gets another connection.
-                let session = self.upstream.options.pool_mode == PoolMode::Session;
+                // client's), so the session ends with it, as going direct; so does a
+                // transaction the client had open (its work is gone with the backend: the
+                // client must not go on as if it were in it). In transaction pooling, between
+                // transactions, the client's next statement gets another connection.
+                let session = self.upstream.options.pool_mode == PoolMode::Session
+                    || self.status != TransactionStatus::Idle;
                 tracing::info!(
                     "upstream connection of an idle client ended ({}); {}",
                     match &other {
@@ -353,7 +356,7 @@ impl Forwarder {
                 if session {
                     let e = Error::new(
                         sluice_sql::ErrorCode::AllConnectionTriesFailed,
-                        "the upstream connection of this session ended",
+                        "the upstream connection of this session ended (its backend or the network went away); reconnect",
                     );
                     let fatal =
                         ErrorInfo::new("FATAL".to_owned(), e.sqlstate().to_owned(), e.to_string());

@@ -2099,3 +2099,111 @@ async fn upstream_connections_idle_past_server_idle_timeout_are_closed() {
     assert_eq!(open, 0, "the idle upstream connection is closed");
     assert_eq!(column(&client, "SELECT 'again'").await, ["again"]);
 }
+
+/// A loopback TCP proxy in front of a port: [`Proxy::cut`] drops every connection it carries,
+/// as a network that goes away does (nothing from PostgreSQL, the socket just ends).
+struct Proxy {
+    port: u16,
+    links: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("binds");
+        let port = listener.local_addr().expect("address").port();
+        let links = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let carried = links.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let link = tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", to)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                carried.lock().expect("links").push(link);
+            }
+        });
+        Proxy {
+            port,
+            links,
+            accept,
+        }
+    }
+
+    fn cut(&self) {
+        for link in self.links.lock().expect("links").drain(..) {
+            link.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+/// Reads what a client gets once its upstream is cut: PostgreSQL's FATAL for a lost
+/// connection (08006), then the end of the socket.
+async fn ends_with_a_fatal(socket: &mut tokio::net::TcpStream, what: &str) {
+    use tokio::io::AsyncReadExt;
+    let (tag, body) = tokio::time::timeout(Duration::from_secs(30), read_message(socket))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing came"));
+    assert_eq!(tag, b'E', "{what}: {}", String::from_utf8_lossy(&body));
+    assert_eq!(error_field(&body, b'S'), "FATAL", "{what}");
+    assert_eq!(error_field(&body, b'C'), "08006", "{what}");
+    let mut rest = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(30), socket.read(&mut rest))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the socket stays open"));
+    assert!(matches!(read, Ok(0) | Err(_)), "{what}: more came");
+}
+
+/// The network between sluice and PostgreSQL goes away (no FATAL from PostgreSQL): a
+/// session-pooled client, idle, is told at once and its connection closes, as a direct one
+/// would lose its; so is a transaction-pooled client inside a transaction (its work is gone
+/// with the backend). A transaction-pooled client between transactions goes on, on a new
+/// connection.
+#[tokio::test]
+async fn a_lost_upstream_connection_ends_the_sessions_it_carried() {
+    use tokio::io::AsyncWriteExt;
+    let pg_dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
+    pg.psql("CREATE DATABASE shop OWNER owner");
+    let proxy = Proxy::start(pg.port).await;
+    let url = format!("postgres://owner:owner-pw@127.0.0.1:{}/shop", proxy.port);
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let (_data, sluice) = sluice_sized(&pg, &url, mode, None, 4).await;
+        let mut idle = raw_client(sluice.port).await;
+        idle.write_all(&message(b'Q', b"SELECT 1\0"))
+            .await
+            .expect("query");
+        messages_until_ready(&mut idle).await;
+        let mut in_block = raw_client(sluice.port).await;
+        in_block
+            .write_all(&message(b'Q', b"BEGIN\0"))
+            .await
+            .expect("begin");
+        let answer = messages_until_ready(&mut in_block).await;
+        assert_eq!(answer.last(), Some(&(b'Z', b"T".to_vec())));
+        proxy.cut();
+        ends_with_a_fatal(&mut in_block, &format!("{mode:?}, in a transaction")).await;
+        match mode {
+            PoolMode::Session => ends_with_a_fatal(&mut idle, "Session, idle").await,
+            PoolMode::Transaction => {
+                idle.write_all(&message(b'Q', b"SELECT 'again'\0"))
+                    .await
+                    .expect("query");
+                let answer = messages_until_ready(&mut idle).await;
+                assert_eq!(answer[1].0, b'D', "a new connection serves it: {answer:?}");
+            }
+        }
+    }
+}
