@@ -27,6 +27,24 @@ pub struct Config {
     pub users: Vec<UserConfig>,
     pub tls: Option<TlsConfig>,
     pub upstream: Option<UpstreamConfig>,
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: a fleet of nodes on etcd (a build with the `cluster` feature).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd's client URLs.
+    pub etcd: Vec<String>,
+    /// The key prefix of the fleet's keys [default: /sluice].
+    pub prefix: Option<String>,
+    /// This node's name [default: the host's name].
+    pub node: Option<String>,
+    /// Seconds a node's lease lasts without renewal [default: 10].
+    pub lease_ttl: Option<f64>,
+    /// etcd's user and password, when etcd has authentication on.
+    pub user: Option<String>,
+    pub password: Option<String>,
 }
 
 /// `[upstream]`: the database sluice fronts (upstream mode).

@@ -353,6 +353,7 @@ fn serve(
         );
     }
     let upstream = upstream_options(config.upstream.as_ref(), upstream_flag)?;
+    let cluster = config.cluster.as_ref().map(cluster_options).transpose()?;
     let connection_threads = config.server.connection_threads.unwrap_or_else(|| {
         sluice_server::threads::default_count(
             std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -360,6 +361,7 @@ fn serve(
     });
     let options = sluice_server::ServerOptions {
         upstream,
+        cluster,
         engine_memory_ratio,
         connection_threads,
         throw_on_unknown_workload: config.server.throw_on_unknown_workload.unwrap_or(false),
@@ -446,6 +448,42 @@ fn serve(
         };
         sluice_server::serve(listener, shared, shutdown).await?;
         Ok(())
+    })
+}
+
+/// `[cluster]`, checked.
+fn cluster_options(c: &config::ClusterConfig) -> anyhow::Result<sluice_cluster::ClusterOptions> {
+    if c.etcd.is_empty() {
+        anyhow::bail!("cluster.etcd: name etcd's client URLs, e.g. [\"http://127.0.0.1:2379\"]");
+    }
+    let lease_ttl = match c.lease_ttl {
+        None => sluice_cluster::DEFAULT_LEASE_TTL,
+        Some(s) if s.is_finite() && s >= 1.0 => std::time::Duration::from_secs_f64(s),
+        Some(s) => anyhow::bail!("cluster.lease_ttl: must be at least 1 second, got {s}"),
+    };
+    let node = match &c.node {
+        Some(n) if !n.is_empty() && !n.contains('/') => n.clone(),
+        Some(n) => anyhow::bail!("cluster.node: a name without '/', got '{n}'"),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .context("cluster.node: the host's name cannot be read; name the node")?,
+    };
+    let user = match (&c.user, &c.password) {
+        (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+        (None, None) => None,
+        _ => anyhow::bail!("cluster.user and cluster.password go together"),
+    };
+    Ok(sluice_cluster::ClusterOptions {
+        endpoints: c.etcd.clone(),
+        prefix: c
+            .prefix
+            .clone()
+            .unwrap_or_else(|| sluice_cluster::DEFAULT_PREFIX.to_string()),
+        node,
+        lease_ttl,
+        user,
     })
 }
 

@@ -172,6 +172,13 @@ pub async fn serve(
     if let Err(e) = system::refresh(&shared) {
         tracing::warn!("system tables not published: {e}");
     }
+    if let Some(options) = &shared.options.cluster {
+        let address = listener.local_addr()?.to_string();
+        let membership = sluice_cluster::Membership::join(options.clone(), &address)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let _ = shared.fleet.set(membership);
+    }
     if let Some(upstream) = &shared.upstream {
         upstream.probe().await;
         if let Some(idle_for) = upstream.options.server_idle_timeout {
@@ -182,6 +189,9 @@ pub async fn serve(
         tokio::select! {
             _ = &mut shutdown => {
                 drain(&shared).await;
+                if let Some(fleet) = shared.fleet.get() {
+                    fleet.leave().await;
+                }
                 return Ok(());
             }
             accepted = listener.accept() => {

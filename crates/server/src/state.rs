@@ -53,6 +53,8 @@ pub struct ServerOptions {
     /// `server.connection_threads`: threads client connections run on, a runtime each
     /// ([`crate::threads`]); 0 runs them on the runtime `serve` is called on.
     pub connection_threads: usize,
+    /// `[cluster]`: the fleet on etcd this node joins (`None`: it runs alone).
+    pub cluster: Option<sluice_cluster::ClusterOptions>,
 }
 
 /// The share of the machine's memory the engine may use when the config says nothing: the
@@ -107,6 +109,7 @@ impl ServerOptions {
             engine_memory_ratio: DEFAULT_ENGINE_MEMORY_RATIO,
             upstream: None,
             connection_threads: 0,
+            cluster: None,
         }
     }
 
@@ -211,6 +214,8 @@ pub struct Shared {
     pub disks: crate::disks::Disks,
     /// Upstream mode's database, its pool and parameters.
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
+    /// This node's place in its fleet, once `serve` has joined it (`[cluster]`).
+    pub fleet: std::sync::OnceLock<sluice_cluster::Membership>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -263,6 +268,7 @@ impl Shared {
             query_log,
             disks: crate::disks::Disks::new(&options.disks),
             upstream,
+            fleet: std::sync::OnceLock::new(),
             users,
             logins,
             tls,

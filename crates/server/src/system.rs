@@ -1,6 +1,6 @@
 //! `system.workloads`, `system.resources`, `system.scheduler`, `system.processes`,
-//! `system.fingerprints` (learned lanes), `system.query_log`, `system.classifiers` and
-//! `system.workload_shares`: built from
+//! `system.fingerprints` (learned lanes), `system.query_log`, `system.classifiers`,
+//! `system.workload_shares` and `system.nodes` (the fleet's members): built from
 //! the current snapshot and registered as tables of the engine, so any SQL works on them.
 //! They are rebuilt when a statement mentions `system.`, so they are always current.
 
@@ -324,6 +324,34 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
             }
         })
         .collect();
+    // The fleet's members (`[cluster]`), as this node's watch of etcd has them; empty for a
+    // node that runs alone.
+    let nodes = shared.fleet.get().map(|f| f.nodes()).unwrap_or_default();
+    set(
+        "nodes",
+        batch(vec![
+            ("name", strings(nodes.iter().map(|n| Some(n.name.as_str())))),
+            (
+                "address",
+                strings(nodes.iter().map(|n| Some(n.address.as_str()))),
+            ),
+            (
+                "lease",
+                Arc::new(Int64Array::from_iter(nodes.iter().map(|n| Some(n.lease)))),
+            ),
+            (
+                "joined",
+                timestamps(nodes.iter().map(|n| {
+                    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(n.joined))
+                })),
+            ),
+            (
+                "is_local",
+                Arc::new(BooleanArray::from_iter(nodes.iter().map(|n| Some(n.this)))),
+            ),
+        ])?,
+    )?;
+
     set(
         "processes",
         batch(vec![

@@ -52,6 +52,9 @@ pub enum ErrorCode {
     /// A login that does not prove its password (upstream mode: one sluice cannot prove for
     /// a client's role).
     AuthenticationFailed,
+    /// The fleet's coordination store (etcd) failed or cannot be reached; ClickHouse's name
+    /// for a failure of its coordination store (ZooKeeper, Keeper).
+    KeeperException,
 }
 
 impl ErrorCode {
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::InternalError => "LOGICAL_ERROR",
             ErrorCode::AllConnectionTriesFailed => "ALL_CONNECTION_TRIES_FAILED",
             ErrorCode::AuthenticationFailed => "AUTHENTICATION_FAILED",
+            ErrorCode::KeeperException => "KEEPER_EXCEPTION",
         }
     }
 
@@ -132,6 +136,7 @@ impl ErrorCode {
             ErrorCode::InternalError => 49,
             ErrorCode::AllConnectionTriesFailed => 279,
             ErrorCode::AuthenticationFailed => 516,
+            ErrorCode::KeeperException => 999,
         }
     }
 
@@ -170,6 +175,8 @@ impl ErrorCode {
             ErrorCode::InternalError => "XX000",
             ErrorCode::AllConnectionTriesFailed => "08006",
             ErrorCode::AuthenticationFailed => "28P01",
+            // system_error: an external system failed.
+            ErrorCode::KeeperException => "58000",
         }
     }
 }

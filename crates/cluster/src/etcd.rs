@@ -1,0 +1,328 @@
+//! The fleet on etcd (the `etcd` feature): [`Membership`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use sluice_sql::{Error, ErrorCode, Result};
+
+use crate::{ClusterOptions, Node};
+
+/// This node's place in the fleet: its lease kept alive, the members followed. Leaves the
+/// fleet (its lease revoked) on [`Membership::leave`]; dropped without it, its key goes when
+/// the lease expires.
+pub struct Membership {
+    options: ClusterOptions,
+    client: Client,
+    lease: i64,
+    nodes: Arc<Mutex<BTreeMap<String, Node>>>,
+    /// Set once the lease could not be renewed before it expired (the node is out of the
+    /// fleet until it joins again).
+    lost: Arc<AtomicBool>,
+    /// Its lease's renewals and the members' watch, ended when it leaves or is dropped.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("options", &self.options)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop_tasks();
+    }
+}
+
+/// An etcd failure, named as ClickHouse names a coordination failure (KEEPER_EXCEPTION).
+fn etcd_error(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
+    Error::new(
+        ErrorCode::KeeperException,
+        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
+    )
+}
+
+fn node_key(prefix: &str, name: &str) -> String {
+    format!("{}/nodes/{name}", prefix.trim_end_matches('/'))
+}
+
+/// A node's key's value: its address and when it joined, tab-separated.
+fn node_value(address: &str, joined: u64) -> String {
+    format!("{address}\t{joined}")
+}
+
+fn parse_node(prefix: &str, kv: &etcd_client::KeyValue, this: &str) -> Option<Node> {
+    let key = kv.key_str().ok()?;
+    let name = key.strip_prefix(&node_key(prefix, ""))?.to_string();
+    let (address, joined) = kv.value_str().ok()?.split_once('\t')?;
+    Some(Node {
+        this: name == this,
+        name,
+        address: address.to_string(),
+        lease: kv.lease(),
+        joined: joined.parse().ok()?,
+    })
+}
+
+impl Membership {
+    /// Connects to etcd and joins the fleet as `options.node`, reachable at `address`.
+    pub async fn join(options: ClusterOptions, address: &str) -> Result<Membership> {
+        let endpoints = options.endpoints.clone();
+        let connect = options.user.as_ref().map(|(user, password)| {
+            ConnectOptions::new().with_user(user.clone(), password.clone())
+        });
+        let mut client = Client::connect(&endpoints, connect)
+            .await
+            .map_err(|e| etcd_error("cannot connect", &endpoints, e))?;
+        let ttl = i64::try_from(options.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let lease = client
+            .lease_grant(ttl, None)
+            .await
+            .map_err(|e| etcd_error("cannot grant the node's lease", &endpoints, e))?
+            .id();
+        let key = node_key(&options.prefix, &options.node);
+        let joined = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let claim = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                node_value(address, joined),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let claimed = client
+            .txn(claim)
+            .await
+            .map_err(|e| etcd_error("cannot register the node", &endpoints, e))?;
+        if !claimed.succeeded() {
+            let _ = client.lease_revoke(lease).await;
+            return Err(Error::new(
+                ErrorCode::BadArguments,
+                format!(
+                    "node name '{}' is held by a live node of the fleet (key {key}): give each node its own [cluster] node name, or wait for the old one's lease ({} s) to expire",
+                    options.node,
+                    options.lease_ttl.as_secs()
+                ),
+            ));
+        }
+        let nodes = Arc::new(Mutex::new(BTreeMap::new()));
+        let lost = Arc::new(AtomicBool::new(false));
+        let tasks = vec![
+            tokio::spawn(keep_alive(
+                client.clone(),
+                lease,
+                options.lease_ttl,
+                endpoints.clone(),
+                lost.clone(),
+            )),
+            tokio::spawn(follow_members(
+                client.clone(),
+                options.prefix.clone(),
+                options.node.clone(),
+                nodes.clone(),
+            )),
+        ];
+        tracing::info!(node = %options.node, lease, "joined the fleet on etcd ({})", endpoints.join(", "));
+        let membership = Membership {
+            options,
+            client,
+            lease,
+            nodes,
+            lost,
+            tasks: Mutex::new(tasks),
+        };
+        membership.wait_for_self().await;
+        Ok(membership)
+    }
+
+    /// Until this node's own key has come back by watch (so it lists itself from the start);
+    /// a few seconds at most.
+    async fn wait_for_self(&self) {
+        for _ in 0..200 {
+            if self.nodes().iter().any(|n| n.this) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn stop_tasks(&self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+
+    /// The fleet's members, by name, as of the last watch event.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.options.node
+    }
+
+    /// This node's lease in etcd.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Whether the lease expired before it could be renewed (the node is out of the fleet).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Leaves the fleet at once: the lease is revoked, so the node's key goes now.
+    pub async fn leave(&self) {
+        self.stop_tasks();
+        if let Err(e) = self.client.clone().lease_revoke(self.lease).await {
+            tracing::warn!("leaving the fleet: {e}; the node's key goes when its lease expires");
+        }
+    }
+}
+
+/// Renews `lease` every third of its TTL for as long as the node runs; a renewal that fails is
+/// retried, and a lease found expired marks the node `lost`.
+async fn keep_alive(
+    client: Client,
+    lease: i64,
+    ttl: Duration,
+    endpoints: Vec<String>,
+    lost: Arc<AtomicBool>,
+) {
+    let every = (ttl / 3).max(Duration::from_millis(100));
+    let mut failing = false;
+    loop {
+        match renew(&client, lease).await {
+            Ok(0) => {
+                tracing::error!(
+                    lease,
+                    "the node's etcd lease expired: it is out of the fleet"
+                );
+                lost.store(true, Ordering::Relaxed);
+                return;
+            }
+            Ok(_) => {
+                if failing {
+                    tracing::info!(lease, "the node's etcd lease renewed again");
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        lease,
+                        "cannot renew the node's etcd lease ({}): {e}",
+                        endpoints.join(", ")
+                    );
+                    failing = true;
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// One renewal of `lease`: the TTL etcd gives it now (0: it had expired).
+async fn renew(client: &Client, lease: i64) -> std::result::Result<i64, etcd_client::Error> {
+    let (mut keeper, mut answers) = client.clone().lease_keep_alive(lease).await?;
+    keeper.keep_alive().await?;
+    Ok(answers.message().await?.map_or(0, |a| a.ttl()))
+}
+
+/// Keeps `nodes` equal to the fleet's node keys: a read of them all, then their changes by
+/// watch from the revision read; read again whenever the watch breaks.
+async fn follow_members(
+    client: Client,
+    prefix: String,
+    this: String,
+    nodes: Arc<Mutex<BTreeMap<String, Node>>>,
+) {
+    let keys = node_key(&prefix, "");
+    loop {
+        match follow_once(&client, &prefix, &keys, &this, &nodes).await {
+            Ok(()) => tracing::debug!("the fleet's member watch ended; following again"),
+            Err(e) => {
+                tracing::warn!("following the fleet's members: {e}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+async fn follow_once(
+    client: &Client,
+    prefix: &str,
+    keys: &str,
+    this: &str,
+    nodes: &Mutex<BTreeMap<String, Node>>,
+) -> std::result::Result<(), etcd_client::Error> {
+    let mut client = client.clone();
+    let all = client
+        .get(keys, Some(GetOptions::new().with_prefix()))
+        .await?;
+    let revision = all.header().map_or(0, |h| h.revision());
+    {
+        let mut nodes = nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.clear();
+        for node in all
+            .kvs()
+            .iter()
+            .filter_map(|kv| parse_node(prefix, kv, this))
+        {
+            nodes.insert(node.name.clone(), node);
+        }
+    }
+    let mut changes = client
+        .watch(
+            keys,
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision + 1),
+            ),
+        )
+        .await?;
+    while let Some(change) = changes.message().await? {
+        let mut nodes = nodes.lock().unwrap_or_else(|p| p.into_inner());
+        for event in change.events() {
+            let Some(kv) = event.kv() else { continue };
+            match event.event_type() {
+                EventType::Put => {
+                    if let Some(node) = parse_node(prefix, kv, this) {
+                        nodes.insert(node.name.clone(), node);
+                    }
+                }
+                EventType::Delete => {
+                    if let Ok(key) = kv.key_str() {
+                        if let Some(name) = key.strip_prefix(keys) {
+                            nodes.remove(name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! # sluice-cluster: several sluice nodes as one fleet, coordinated through etcd
+//!
+//! Owns the etcd client and the fleet's membership: a node joins under a lease of `lease_ttl`
+//! (its key `PREFIX/nodes/NAME` lives exactly as long as the lease), keeps the lease alive,
+//! and follows the fleet's members by watch, so the list it shows costs no round trip. (To
+//! come here, issue 37: the catalog store, the shares of cluster-wide limits, fleet-wide lanes.)
+//!
+//! Invariants:
+//! - A node's key exists only while its lease does: a node that dies leaves the fleet within
+//!   `lease_ttl`, and one that leaves cleanly ([`Membership::leave`]) at once.
+//! - Two live nodes never hold one name: a join under a name whose key exists is refused (one
+//!   etcd transaction compares the key's creation and writes it).
+//! - What [`Membership::nodes`] shows is etcd's members as of the last watch event.
+//!
+//! Must not: schedule anything or know SQL beyond the error type; `sluice-server` wires it.
+//!
+//! The etcd client is the `etcd` feature (the root package's `cluster`): its build generates
+//! gRPC code with `protoc`, which a machine with only the Rust toolchain lacks, so the default
+//! build has the types and refuses to join a fleet, saying how to build one that can.
+
+use std::time::Duration;
+
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::Membership;
+
+#[cfg(not(feature = "etcd"))]
+mod without_etcd;
+#[cfg(not(feature = "etcd"))]
+pub use without_etcd::Membership;
+
+/// `[cluster]`: where etcd is and who this node is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterOptions {
+    /// etcd's client URLs (`http://127.0.0.1:2379`, …).
+    pub endpoints: Vec<String>,
+    /// The key prefix the fleet's keys live under (several fleets may share one etcd).
+    pub prefix: String,
+    /// This node's name in the fleet (default: the host's name).
+    pub node: String,
+    /// How long a node's lease lasts without renewal: a dead node leaves the fleet after it.
+    pub lease_ttl: Duration,
+    /// etcd's user and password, when etcd has authentication on.
+    pub user: Option<(String, String)>,
+}
+
+/// [`ClusterOptions::lease_ttl`] when the config says nothing.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// The key prefix when the config says nothing.
+pub const DEFAULT_PREFIX: &str = "/sluice";
+
+/// A member of the fleet, as its key in etcd says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    /// Where clients reach it (its Postgres-wire listen address).
+    pub address: String,
+    /// Its lease in etcd.
+    pub lease: i64,
+    /// When it joined (seconds since the Unix epoch).
+    pub joined: u64,
+    /// Whether it is the node asking.
+    pub this: bool,
+}

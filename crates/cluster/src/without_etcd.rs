@@ -1,0 +1,45 @@
+//! A build without the etcd client (no `etcd` feature): joining a fleet is refused, saying
+//! how to build a sluice that can.
+
+use sluice_sql::{Error, ErrorCode, Result};
+
+use crate::{ClusterOptions, Node};
+
+/// This node's place in a fleet; a build without etcd never has one.
+#[derive(Debug)]
+pub struct Membership {
+    never: std::convert::Infallible,
+}
+
+impl Membership {
+    /// Refused: this build has no etcd client.
+    pub async fn join(options: ClusterOptions, _address: &str) -> Result<Membership> {
+        Err(Error::new(
+            ErrorCode::KeeperException,
+            format!(
+                "[cluster] names etcd ({}), but this sluice was built without the fleet: build it with `cargo build --release --features cluster` (which needs protoc: Debian's protobuf-compiler)",
+                options.endpoints.join(", ")
+            ),
+        ))
+    }
+
+    pub fn nodes(&self) -> Vec<Node> {
+        match self.never {}
+    }
+
+    pub fn name(&self) -> &str {
+        match self.never {}
+    }
+
+    pub fn lease(&self) -> i64 {
+        match self.never {}
+    }
+
+    pub fn is_lost(&self) -> bool {
+        match self.never {}
+    }
+
+    pub async fn leave(&self) {
+        match self.never {}
+    }
+}
