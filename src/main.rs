@@ -402,6 +402,11 @@ fn serve(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        // Into the fleet first (`[cluster]`): a node that cannot join does not announce itself.
+        let bound = listener.local_addr().unwrap_or(addr);
+        sluice_server::join_fleet(&shared, &bound.to_string())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(
             "sluice listening on {addr} (data dir {}, {} cores, {} bytes of memory, {} connection thread{})",
             options.data_dir.display(),
@@ -411,7 +416,6 @@ fn serve(
             if options.connection_threads == 1 { "" } else { "s" }
         );
         // What a newcomer types next.
-        let bound = listener.local_addr().unwrap_or(addr);
         tracing::info!(
             "connect with: psql -h {} -p {} -U <user> sluice",
             bound.ip(),

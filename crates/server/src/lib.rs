@@ -154,6 +154,18 @@ async fn drain(shared: &Shared) {
     }
 }
 
+/// Joins the fleet `[cluster]` names (nothing without one), as reachable at `address`; `serve`
+/// does it unless it was done before (the binary joins before it announces itself).
+pub async fn join_fleet(shared: &Shared, address: &str) -> sluice_sql::Result<()> {
+    if let Some(options) = &shared.options.cluster {
+        if shared.fleet.get().is_none() {
+            let membership = sluice_cluster::Membership::join(options.clone(), address).await?;
+            let _ = shared.fleet.set(membership);
+        }
+    }
+    Ok(())
+}
+
 /// Serves clients from `listener` until `shutdown` completes, then drains (see [`drain`]).
 pub async fn serve(
     listener: TcpListener,
@@ -172,12 +184,11 @@ pub async fn serve(
     if let Err(e) = system::refresh(&shared) {
         tracing::warn!("system tables not published: {e}");
     }
-    if let Some(options) = &shared.options.cluster {
+    if shared.fleet.get().is_none() {
         let address = listener.local_addr()?.to_string();
-        let membership = sluice_cluster::Membership::join(options.clone(), &address)
+        join_fleet(&shared, &address)
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let _ = shared.fleet.set(membership);
     }
     if let Some(upstream) = &shared.upstream {
         upstream.probe().await;
