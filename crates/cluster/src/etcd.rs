@@ -178,6 +178,15 @@ impl Membership {
             .collect()
     }
 
+    /// The fleet's catalog in etcd, on this node's connection.
+    pub fn catalog(&self) -> crate::CatalogStore {
+        crate::CatalogStore::new(
+            self.client.clone(),
+            &self.options.prefix,
+            self.options.endpoints.clone(),
+        )
+    }
+
     /// This node's name.
     pub fn name(&self) -> &str {
         &self.options.node

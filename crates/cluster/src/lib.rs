@@ -1,6 +1,8 @@
 //! # sluice-cluster: several sluice nodes as one fleet, coordinated through etcd
 //!
-//! Owns the etcd client and the fleet's membership: a node joins under a lease of `lease_ttl`
+//! Owns the etcd client, the fleet's catalog store (`catalog.rs`: one key per entity, a change
+//! as one transaction compared on the version it was validated against, followed by watch)
+//! and the fleet's membership: a node joins under a lease of `lease_ttl`
 //! (its key `PREFIX/nodes/NAME` lives exactly as long as the lease), keeps the lease alive,
 //! and follows the fleet's members by watch, so the list it shows costs no round trip. (To
 //! come here, issue 37: the catalog store, the shares of cluster-wide limits, fleet-wide lanes.)
@@ -21,7 +23,11 @@
 use std::time::Duration;
 
 #[cfg(feature = "etcd")]
+mod catalog;
+#[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+pub use catalog::{CatalogChange, CatalogStore, Commit, Followed, StoredCatalog};
 #[cfg(feature = "etcd")]
 pub use etcd::Membership;
 

@@ -1,0 +1,288 @@
+//! The fleet's catalog in etcd (the `etcd` feature): one key per SQL-defined entity,
+//! `PREFIX/catalog/KIND/NAME`, holding its canonical `CREATE …` text, and the catalog's version
+//! key `PREFIX/catalog`, rewritten by every change. A change is one transaction that compares
+//! the version key's revision with the one the change was validated against: of two nodes
+//! racing, one commits and the other is told the catalog moved ([`Commit::Moved`]) — it
+//! validates again on the newer catalog, never half-applies. Every node follows the changes
+//! in revision order ([`CatalogStore::follow`]).
+//!
+//! Invariant: the entities under the prefix are always the result of whole changes, each
+//! validated against the catalog as it stood just before it.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use sluice_sql::{Error, ErrorCode, Result};
+
+/// One change of the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogChange {
+    /// Creates or replaces entity `kind`/`name` with its canonical statement.
+    Upsert {
+        kind: String,
+        name: String,
+        statement: String,
+    },
+    Remove {
+        kind: String,
+        name: String,
+    },
+}
+
+/// The catalog as stored at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCatalog {
+    /// Every entity: kind, name, canonical statement (in key order).
+    pub entities: Vec<(String, String, String)>,
+    /// The version key's revision: what a change validated against this state compares.
+    pub version: i64,
+    /// etcd's revision when it was read: changes after it are followed from `revision + 1`.
+    pub revision: i64,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Commit {
+    /// Stored, at this revision (the catalog's new version).
+    Done { revision: i64 },
+    /// The catalog changed since the version the change was validated against (it is now at
+    /// `version`): nothing was stored.
+    Moved { version: i64 },
+}
+
+/// A change as a follower sees it, with the revision it was stored at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Followed {
+    pub revision: i64,
+    pub change: CatalogChange,
+}
+
+/// The fleet's catalog in etcd.
+#[derive(Clone)]
+pub struct CatalogStore {
+    client: Client,
+    prefix: String,
+    endpoints: Vec<String>,
+}
+
+impl std::fmt::Debug for CatalogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatalogStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long an operation is retried while etcd is electing a leader or a member is away.
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// Whether an etcd failure passes by itself (a leader election, a member away): retried.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        // gRPC's UNAVAILABLE (14): "leader changed", "no leader", a member not reachable.
+        etcd_client::Error::GRpcStatus(status) => status.code() as i32 == 14,
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Waits before the next try of an operation begun at `began`; `false` once it has been
+/// retried for [`RETRY_FOR`].
+async fn pause(began: Instant, attempt: &mut u32) -> bool {
+    if began.elapsed() >= RETRY_FOR {
+        return false;
+    }
+    let wait = Duration::from_millis(25u64 << (*attempt).min(5));
+    *attempt += 1;
+    tokio::time::sleep(wait).await;
+    true
+}
+
+/// A token for one commit, written as the version key's value: a commit retried after a
+/// failure that left it unknown whether it was stored finds out by it.
+fn commit_token(by: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{by} {nanos} {}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn failed(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
+    Error::new(
+        ErrorCode::KeeperException,
+        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
+    )
+}
+
+impl CatalogStore {
+    pub(crate) fn new(client: Client, prefix: &str, endpoints: Vec<String>) -> CatalogStore {
+        CatalogStore {
+            client,
+            prefix: format!("{}/catalog", prefix.trim_end_matches('/')),
+            endpoints,
+        }
+    }
+
+    fn entity_key(&self, kind: &str, name: &str) -> String {
+        format!("{}/{kind}/{name}", self.prefix)
+    }
+
+    /// Kind and name of an entity key (`None` for the version key or another key).
+    fn entity_of(&self, key: &str) -> Option<(String, String)> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
+        let (kind, name) = rest.split_once('/')?;
+        Some((kind.to_string(), name.to_string()))
+    }
+
+    /// The whole catalog, as of now.
+    pub async fn load(&self) -> Result<StoredCatalog> {
+        let (began, mut attempt) = (Instant::now(), 0);
+        let read = loop {
+            match self
+                .client
+                .clone()
+                .get(self.prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                .await
+            {
+                Ok(read) => break read,
+                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+                Err(e) => return Err(failed("cannot read the catalog", &self.endpoints, e)),
+            }
+        };
+        let mut stored = StoredCatalog {
+            entities: Vec::new(),
+            version: 0,
+            revision: read.header().map_or(0, |h| h.revision()),
+        };
+        for kv in read.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            if key == self.prefix {
+                stored.version = kv.mod_revision();
+            } else if let Some((kind, name)) = self.entity_of(key) {
+                let statement = kv.value_str().unwrap_or_default().to_string();
+                stored.entities.push((kind, name, statement));
+            }
+        }
+        Ok(stored)
+    }
+
+    /// Stores `change` if the catalog is still at `validated_at` (the version it was
+    /// validated against), in one transaction with the new version (`by`: who changed it).
+    /// Retried while etcd elects a leader; a try whose outcome was lost is recognised by the
+    /// token it wrote.
+    pub async fn commit(
+        &self,
+        change: &CatalogChange,
+        validated_at: i64,
+        by: &str,
+    ) -> Result<Commit> {
+        let write = match change {
+            CatalogChange::Upsert {
+                kind,
+                name,
+                statement,
+            } => TxnOp::put(self.entity_key(kind, name), statement.as_str(), None),
+            CatalogChange::Remove { kind, name } => {
+                TxnOp::delete(self.entity_key(kind, name), None)
+            }
+        };
+        let token = commit_token(by);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.prefix.as_str(),
+                CompareOp::Equal,
+                validated_at,
+            )])
+            .and_then([
+                write,
+                TxnOp::put(self.prefix.as_str(), token.as_str(), None),
+            ])
+            .or_else([TxnOp::get(self.prefix.as_str(), None)]);
+        let (began, mut attempt) = (Instant::now(), 0);
+        let answer = loop {
+            match self.client.clone().txn(txn.clone()).await {
+                Ok(answer) => break answer,
+                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+                Err(e) => {
+                    return Err(failed(
+                        "cannot store the catalog change",
+                        &self.endpoints,
+                        e,
+                    ))
+                }
+            }
+        };
+        if answer.succeeded() {
+            let revision = answer.header().map_or(0, |h| h.revision());
+            return Ok(Commit::Done { revision });
+        }
+        let version = answer.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.mod_revision(), kv.value_str().is_ok_and(|v| v == token))),
+            _ => None,
+        });
+        Ok(match version {
+            // An earlier try of this very commit was stored (its answer was lost).
+            Some((revision, true)) => Commit::Done { revision },
+            Some((version, false)) => Commit::Moved { version },
+            None => Commit::Moved { version: 0 },
+        })
+    }
+
+    /// The changes stored after `revision`, in order, sent to `changes` until it is closed or
+    /// the watch fails (its error is returned: the follower loads again and follows anew).
+    pub async fn follow(
+        &self,
+        revision: i64,
+        changes: tokio::sync::mpsc::Sender<Followed>,
+    ) -> Result<()> {
+        let mut stream = self
+            .client
+            .clone()
+            .watch(
+                self.prefix.as_str(),
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision + 1),
+                ),
+            )
+            .await
+            .map_err(|e| failed("cannot follow the catalog", &self.endpoints, e))?;
+        while let Some(answer) = stream
+            .message()
+            .await
+            .map_err(|e| failed("following the catalog", &self.endpoints, e))?
+        {
+            for event in answer.events() {
+                let Some(kv) = event.kv() else { continue };
+                let Ok(key) = kv.key_str() else { continue };
+                let Some((kind, name)) = self.entity_of(key) else {
+                    continue;
+                };
+                let change = match event.event_type() {
+                    EventType::Put => CatalogChange::Upsert {
+                        kind,
+                        name,
+                        statement: kv.value_str().unwrap_or_default().to_string(),
+                    },
+                    EventType::Delete => CatalogChange::Remove { kind, name },
+                };
+                let followed = Followed {
+                    revision: kv.mod_revision(),
+                    change,
+                };
+                if changes.send(followed).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
