@@ -43,37 +43,13 @@ fn start(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> (common::Server
     (server, port)
 }
 
-/// The names `system.nodes` lists on the node at `port`.
-fn nodes(port: u16) -> Vec<String> {
-    let out = Command::new("psql")
-        .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-U", "fleet", "-d", "fleet", "-c"])
-        .arg("SELECT name || '@' || address FROM system.nodes ORDER BY name")
-        .output()
-        .expect("psql runs");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split('@').next())
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Waits (60 s at most) until the node at `port` lists exactly `names`.
+/// Waits (60 s at most) until the node at `port` lists exactly `names` in `system.nodes`.
 fn lists(port: u16, names: &[&str]) {
-    let started = Instant::now();
-    loop {
-        let seen = nodes(port);
-        if seen == names {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the node on {port} lists {seen:?}, not {names:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    says(
+        port,
+        "SELECT string_agg(name, ',' ORDER BY name) FROM system.nodes",
+        &names.join(","),
+    );
 }
 
 #[test]
@@ -118,4 +94,110 @@ fn nodes_of_a_fleet_see_each_other_come_and_go() {
     n2.0.kill().expect("kill -9");
     let _ = n2.0.wait();
     lists(p1, &["n1"]);
+}
+
+/// Runs `sql` on the node at `port`: its output, or its error.
+fn run(port: u16, sql: &str) -> Result<String, String> {
+    let out = Command::new("psql")
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+        ])
+        .arg(port.to_string())
+        .args(["-U", "fleet", "-d", "fleet", "-c", sql])
+        .output()
+        .expect("psql runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Waits (60 s at most) until `sql` on the node at `port` says `expected`.
+fn says(port: u16, sql: &str, expected: &str) {
+    let started = Instant::now();
+    loop {
+        let now = run(port, sql);
+        if now.as_deref() == Ok(expected) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the node on {port} says {now:?} to {sql}, not {expected:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 37's second part: one catalog for the fleet. DDL on any node is stored in etcd and
+/// reaches every node; two nodes racing conflicting DDL: one wins, the other is refused as if
+/// it had come second on one node, and every node ends with the same catalog; a node that
+/// joins later starts with it.
+#[test]
+fn ddl_on_one_node_reaches_every_node_and_a_race_has_one_winner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(dir.path(), 3);
+    let (_n1, p1) = start(dir.path(), &etcd, "n1", 5);
+    let (_n2, p2) = start(dir.path(), &etcd, "n2", 5);
+    let (_n3, p3) = start(dir.path(), &etcd, "n3", 5);
+    let names = "SELECT string_agg(name, ',' ORDER BY name) FROM system.workloads";
+    run(p1, "CREATE WORKLOAD all").expect("create all");
+    // Answered once it holds on the node that ran it.
+    assert_eq!(run(p1, names).as_deref(), Ok("all"));
+    run(p1, "CREATE WORKLOAD prod IN all SETTINGS weight = 3").expect("create prod");
+    for port in [p2, p3] {
+        says(port, names, "all,prod");
+    }
+
+    // Races: the same name, three definitions, on the three nodes at once; five rounds.
+    for round in 0..5 {
+        let racers: Vec<_> = [p1, p2, p3]
+            .into_iter()
+            .enumerate()
+            .map(|(i, port)| {
+                std::thread::spawn(move || {
+                    run(
+                        port,
+                        &format!("CREATE WORKLOAD dev{round} IN all SETTINGS priority = {i}"),
+                    )
+                })
+            })
+            .collect();
+        let results: Vec<_> = racers
+            .into_iter()
+            .map(|r| r.join().expect("racer"))
+            .collect();
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1, "round {round}: {results:?}");
+        for refused in results.iter().filter_map(|r| r.clone().err()) {
+            assert!(
+                refused.contains(&format!("'dev{round}' already exists")),
+                "{refused}"
+            );
+        }
+    }
+    let all = "all,dev0,dev1,dev2,dev3,dev4,prod";
+    let catalog = "SELECT string_agg(create_query, '; ' ORDER BY name) FROM system.workloads";
+    let on_n1 = {
+        says(p1, names, all);
+        run(p1, catalog).expect("catalog")
+    };
+    for port in [p2, p3] {
+        says(port, catalog, &on_n1);
+    }
+
+    // A node that joins later starts with the fleet's catalog; a DROP reaches it.
+    let (_n4, p4) = start(dir.path(), &etcd, "n4", 5);
+    says(p4, catalog, &on_n1);
+    run(p3, "DROP WORKLOAD dev0").expect("drop");
+    for port in [p1, p2, p4] {
+        says(port, names, "all,dev1,dev2,dev3,dev4,prod");
+    }
 }

@@ -28,4 +28,4 @@ pub use catalog::{resource_disks, Catalog, Change, Entity, Origin, Stored, MAX_W
 pub use classifiers::{Facts, OwnedFacts, Rule, Rules};
 pub use lanes::{Demotion, Lanes};
 pub use settings::{parse_with_size_suffix, Setting, WorkloadSettings, UNLIMITED};
-pub use storage::{config_layer, escape_file_name, write_atomically, DiskStorage};
+pub use storage::{config_layer, escape_file_name, load_statements, write_atomically, DiskStorage};

@@ -112,23 +112,21 @@ impl DiskStorage {
             }
         }
         files.sort();
-        let mut resources = Vec::new();
-        let mut workloads = Vec::new();
-        let mut classifiers = Vec::new();
+        let mut items = Vec::new();
         for path in files {
             let text = fs::read_to_string(&path).map_err(|e| io_error("read", &path, e))?;
             let in_file = |e: Error| Error {
                 message: format!("cannot load {}: {}", path.display(), e),
                 ..e
             };
-            let mut items = parse_script(&text);
-            if items.len() != 1 {
+            let mut parsed = parse_script(&text);
+            if parsed.len() != 1 {
                 return Err(in_file(Error::new(
                     ErrorCode::InternalError,
-                    format!("expected one CREATE statement, found {}", items.len()),
+                    format!("expected one CREATE statement, found {}", parsed.len()),
                 )));
             }
-            let stmt = items.remove(0).result.map_err(in_file)?;
+            let stmt = parsed.remove(0).result.map_err(in_file)?;
             let (kind, name) = match &stmt {
                 Statement::CreateWorkload(w) => (EntityKind::Workload, w.name.clone()),
                 Statement::CreateResource(r) => (EntityKind::Resource, r.name.clone()),
@@ -145,63 +143,14 @@ impl DiskStorage {
                     "the file's statement does not define the entity its name says",
                 )));
             }
-            match kind {
-                EntityKind::Resource => resources.push((path, stmt)),
-                EntityKind::Classifier => classifiers.push((path, stmt)),
-                EntityKind::Workload => workloads.push((path, stmt, name)),
-            }
+            items.push((path.display().to_string(), stmt));
         }
-        let mut catalog = base;
-        let apply = |catalog: &mut Catalog, path: &Path, stmt: &Statement| {
-            catalog.apply_loading(stmt).map(|_| ()).map_err(|e| Error {
-                message: format!("cannot load {}: {}", path.display(), e),
-                ..e
-            })
-        };
-        for (path, stmt) in &resources {
-            apply(&mut catalog, path, stmt)?;
-        }
-        // Parents before children: repeatedly apply what has its parent in place.
-        let mut pending = workloads;
-        while !pending.is_empty() {
-            let before = pending.len();
-            let mut rest = Vec::new();
-            for (path, stmt, name) in pending {
-                let ready = match &stmt {
-                    Statement::CreateWorkload(w) => {
-                        w.parent.as_deref().is_none_or(|p| catalog.get(p).is_some())
-                    }
-                    _ => true,
-                };
-                if ready {
-                    apply(&mut catalog, &path, &stmt)?;
-                } else {
-                    rest.push((path, stmt, name));
-                }
-            }
-            if rest.len() == before {
-                let (path, stmt, _) = &rest[0];
-                // Applying it reports the missing parent (or the cycle) in ClickHouse's words.
-                apply(&mut catalog, path, stmt)?;
-                return Err(Error::new(
-                    ErrorCode::InternalError,
-                    format!(
-                        "cannot load {}: its parent is never defined",
-                        path.display()
-                    ),
-                ));
-            }
-            pending = rest;
-        }
-        // Classifiers last: each names a workload loaded above.
-        for (path, stmt) in &classifiers {
-            apply(&mut catalog, path, stmt)?;
-        }
-        catalog.check_lanes().map_err(|e| Error {
-            message: format!("cannot load {}: {}", self.dir.display(), e),
+        load_statements(base, items).map_err(|e| Error {
+            message: e
+                .message
+                .replace(LOADED_WHOLE, &self.dir.display().to_string()),
             ..e
-        })?;
-        Ok(catalog)
+        })
     }
 
     /// Makes a change durable. Call it after [`Catalog::apply`] accepted the change and before
@@ -311,6 +260,74 @@ impl Entity {
     pub fn file_name(&self) -> String {
         file_name(self.kind(), self.name())
     }
+}
+
+/// Where an error of the whole loaded catalog (the lane rules) says it comes from.
+const LOADED_WHOLE: &str = "the stored catalog";
+
+/// A catalog built from `base` and the statements of stored entities, given in any order
+/// (each with where it came from, for errors): resources first, then workloads parents
+/// before children, then classifiers, then the lane rules over the whole. The data dir and
+/// the fleet's catalog in etcd load through it.
+pub fn load_statements(base: Catalog, items: Vec<(String, Statement)>) -> Result<Catalog> {
+    let mut resources = Vec::new();
+    let mut workloads = Vec::new();
+    let mut classifiers = Vec::new();
+    for (source, stmt) in items {
+        match &stmt {
+            Statement::CreateResource(_) => resources.push((source, stmt)),
+            Statement::CreateClassifier(_) => classifiers.push((source, stmt)),
+            _ => workloads.push((source, stmt)),
+        }
+    }
+    let mut catalog = base;
+    let apply = |catalog: &mut Catalog, source: &str, stmt: &Statement| {
+        catalog.apply_loading(stmt).map(|_| ()).map_err(|e| Error {
+            message: format!("cannot load {source}: {e}"),
+            ..e
+        })
+    };
+    for (source, stmt) in &resources {
+        apply(&mut catalog, source, stmt)?;
+    }
+    // Parents before children: repeatedly apply what has its parent in place.
+    let mut pending = workloads;
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut rest = Vec::new();
+        for (source, stmt) in pending {
+            let ready = match &stmt {
+                Statement::CreateWorkload(w) => {
+                    w.parent.as_deref().is_none_or(|p| catalog.get(p).is_some())
+                }
+                _ => true,
+            };
+            if ready {
+                apply(&mut catalog, &source, &stmt)?;
+            } else {
+                rest.push((source, stmt));
+            }
+        }
+        if rest.len() == before {
+            let (source, stmt) = &rest[0];
+            // Applying it reports the missing parent (or the cycle) in ClickHouse's words.
+            apply(&mut catalog, source, stmt)?;
+            return Err(Error::new(
+                ErrorCode::InternalError,
+                format!("cannot load {source}: its parent is never defined"),
+            ));
+        }
+        pending = rest;
+    }
+    // Classifiers last: each names a workload loaded above.
+    for (source, stmt) in &classifiers {
+        apply(&mut catalog, source, stmt)?;
+    }
+    catalog.check_lanes().map_err(|e| Error {
+        message: format!("cannot load {LOADED_WHOLE}: {e}"),
+        ..e
+    })?;
+    Ok(catalog)
 }
 
 #[cfg(test)]

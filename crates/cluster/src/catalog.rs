@@ -16,48 +16,7 @@ use etcd_client::{
 };
 use sluice_sql::{Error, ErrorCode, Result};
 
-/// One change of the catalog.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CatalogChange {
-    /// Creates or replaces entity `kind`/`name` with its canonical statement.
-    Upsert {
-        kind: String,
-        name: String,
-        statement: String,
-    },
-    Remove {
-        kind: String,
-        name: String,
-    },
-}
-
-/// The catalog as stored at one revision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredCatalog {
-    /// Every entity: kind, name, canonical statement (in key order).
-    pub entities: Vec<(String, String, String)>,
-    /// The version key's revision: what a change validated against this state compares.
-    pub version: i64,
-    /// etcd's revision when it was read: changes after it are followed from `revision + 1`.
-    pub revision: i64,
-}
-
-/// What a commit did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Commit {
-    /// Stored, at this revision (the catalog's new version).
-    Done { revision: i64 },
-    /// The catalog changed since the version the change was validated against (it is now at
-    /// `version`): nothing was stored.
-    Moved { version: i64 },
-}
-
-/// A change as a follower sees it, with the revision it was stored at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Followed {
-    pub revision: i64,
-    pub change: CatalogChange,
-}
+use crate::{CatalogChange, Commit, Followed, StoredCatalog};
 
 /// The fleet's catalog in etcd.
 #[derive(Clone)]

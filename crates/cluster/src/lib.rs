@@ -27,14 +27,14 @@ mod catalog;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
-pub use catalog::{CatalogChange, CatalogStore, Commit, Followed, StoredCatalog};
+pub use catalog::CatalogStore;
 #[cfg(feature = "etcd")]
 pub use etcd::Membership;
 
 #[cfg(not(feature = "etcd"))]
 mod without_etcd;
 #[cfg(not(feature = "etcd"))]
-pub use without_etcd::Membership;
+pub use without_etcd::{CatalogStore, Membership};
 
 /// `[cluster]`: where etcd is and who this node is.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,4 +69,47 @@ pub struct Node {
     pub joined: u64,
     /// Whether it is the node asking.
     pub this: bool,
+}
+
+/// One change of the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogChange {
+    /// Creates or replaces entity `kind`/`name` with its canonical statement.
+    Upsert {
+        kind: String,
+        name: String,
+        statement: String,
+    },
+    Remove {
+        kind: String,
+        name: String,
+    },
+}
+
+/// The catalog as stored at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCatalog {
+    /// Every entity: kind, name, canonical statement (in key order).
+    pub entities: Vec<(String, String, String)>,
+    /// The version key's revision: what a change validated against this state compares.
+    pub version: i64,
+    /// etcd's revision when it was read: changes after it are followed from `revision + 1`.
+    pub revision: i64,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Commit {
+    /// Stored, at this revision (the catalog's new version).
+    Done { revision: i64 },
+    /// The catalog changed since the version the change was validated against (it is now at
+    /// `version`): nothing was stored.
+    Moved { version: i64 },
+}
+
+/// A change as a follower sees it, with the revision it was stored at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Followed {
+    pub revision: i64,
+    pub change: CatalogChange,
 }

@@ -3,7 +3,7 @@
 
 use sluice_sql::{Error, ErrorCode, Result};
 
-use crate::{ClusterOptions, Node};
+use crate::{CatalogChange, ClusterOptions, Commit, Followed, Node, StoredCatalog};
 
 /// This node's place in a fleet; a build without etcd never has one.
 #[derive(Debug)]
@@ -23,6 +23,10 @@ impl Membership {
         ))
     }
 
+    pub fn catalog(&self) -> CatalogStore {
+        match self.never {}
+    }
+
     pub fn nodes(&self) -> Vec<Node> {
         match self.never {}
     }
@@ -40,6 +44,35 @@ impl Membership {
     }
 
     pub async fn leave(&self) {
+        match self.never {}
+    }
+}
+
+/// The fleet's catalog in etcd; a build without etcd never has one.
+#[derive(Debug, Clone)]
+pub struct CatalogStore {
+    never: std::convert::Infallible,
+}
+
+impl CatalogStore {
+    pub async fn load(&self) -> Result<StoredCatalog> {
+        match self.never {}
+    }
+
+    pub async fn commit(
+        &self,
+        _change: &CatalogChange,
+        _validated_at: i64,
+        _by: &str,
+    ) -> Result<Commit> {
+        match self.never {}
+    }
+
+    pub async fn follow(
+        &self,
+        _revision: i64,
+        _changes: tokio::sync::mpsc::Sender<Followed>,
+    ) -> Result<()> {
         match self.never {}
     }
 }

@@ -156,14 +156,73 @@ async fn drain(shared: &Shared) {
 
 /// Joins the fleet `[cluster]` names (nothing without one), as reachable at `address`; `serve`
 /// does it unless it was done before (the binary joins before it announces itself).
-pub async fn join_fleet(shared: &Shared, address: &str) -> sluice_sql::Result<()> {
-    if let Some(options) = &shared.options.cluster {
-        if shared.fleet.get().is_none() {
-            let membership = sluice_cluster::Membership::join(options.clone(), address).await?;
-            let _ = shared.fleet.set(membership);
+pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Result<()> {
+    let Some(options) = &shared.options.cluster else {
+        return Ok(());
+    };
+    if shared.fleet.get().is_some() {
+        return Ok(());
+    }
+    let membership = sluice_cluster::Membership::join(options.clone(), address).await?;
+    // The fleet's catalog replaces the data dir's: read whole, then followed.
+    let store = membership.catalog();
+    let stored = store.load().await?;
+    shared.adopt_fleet_catalog(&stored).await?;
+    let _ = shared
+        .fleet_catalog
+        .set(state::FleetCatalog::new(store.clone(), stored.revision));
+    let _ = shared.fleet.set(membership);
+    tokio::spawn(follow_fleet_catalog(Arc::downgrade(shared), store));
+    Ok(())
+}
+
+/// Applies the fleet's catalog changes as etcd reports them, for as long as the server runs;
+/// when following breaks (etcd unreachable, a change this node cannot apply), the catalog is
+/// read whole again and followed from there.
+async fn follow_fleet_catalog(
+    shared: std::sync::Weak<Shared>,
+    store: sluice_cluster::CatalogStore,
+) {
+    loop {
+        let Some(from) = shared
+            .upgrade()
+            .and_then(|s| s.fleet_catalog.get().map(|f| *f.applied.borrow()))
+        else {
+            return;
+        };
+        let (sender, mut changes) = tokio::sync::mpsc::channel(64);
+        let follow = store.follow(from, sender);
+        tokio::pin!(follow);
+        let broke = loop {
+            tokio::select! {
+                ended = &mut follow => break ended.err(),
+                Some(followed) = changes.recv() => {
+                    let Some(shared) = shared.upgrade() else { return };
+                    if let Err(e) = shared.apply_followed(&followed).await {
+                        break Some(e);
+                    }
+                }
+            }
+        };
+        if let Some(e) = broke {
+            tracing::warn!("following the fleet's catalog: {e}; reading it whole again");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match store.load().await {
+            Ok(stored) => match shared.adopt_fleet_catalog(&stored).await {
+                Ok(()) => {
+                    if let Some(fleet) = shared.fleet_catalog.get() {
+                        fleet.applied.send_replace(stored.revision);
+                    }
+                }
+                Err(e) => tracing::error!("the fleet's catalog cannot be adopted: {e}"),
+            },
+            Err(e) => tracing::warn!("reading the fleet's catalog: {e}"),
         }
     }
-    Ok(())
 }
 
 /// Serves clients from `listener` until `shutdown` completes, then drains (see [`drain`]).

@@ -130,6 +130,9 @@ pub struct Snapshot {
     pub roles: Roles,
     /// A running scheduler per MEMORY RESERVATION resource (at most one, the catalog's rule).
     pub memory: BTreeMap<String, MemoryScheduler>,
+    /// In a fleet: the version of the fleet's catalog (etcd's revision of its last change)
+    /// this snapshot reflects, which a DDL validated against it compares; 0 alone.
+    pub fleet_version: i64,
 }
 
 /// The resources covering `QUERY`, `MASTER THREAD` and `WORKER THREAD` (at most one each, the
@@ -173,6 +176,7 @@ impl Snapshot {
             schedulers,
             roles,
             memory,
+            fleet_version: previous.map_or(0, |p| p.fleet_version),
         }
     }
 
@@ -216,6 +220,8 @@ pub struct Shared {
     pub upstream: Option<Arc<crate::upstream::Upstream>>,
     /// This node's place in its fleet, once `serve` has joined it (`[cluster]`).
     pub fleet: std::sync::OnceLock<sluice_cluster::Membership>,
+    /// In a fleet: the catalog in etcd, and the revision of the last change applied here.
+    pub fleet_catalog: std::sync::OnceLock<FleetCatalog>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -269,6 +275,7 @@ impl Shared {
             disks: crate::disks::Disks::new(&options.disks),
             upstream,
             fleet: std::sync::OnceLock::new(),
+            fleet_catalog: std::sync::OnceLock::new(),
             users,
             logins,
             tls,
@@ -290,10 +297,16 @@ impl Shared {
             .clone()
     }
 
-    /// Validates, persists and publishes one workload DDL statement.
+    /// Validates, persists and publishes one workload DDL statement. In a fleet the change is
+    /// stored in etcd instead (compared on the version it was validated against), and this
+    /// node publishes it when its follower applies it, as every node does; the statement
+    /// returns once it has.
     pub async fn apply_ddl(&self, stmt: &Statement) -> Result<()> {
         if self.options.strict_clickhouse {
             sluice_catalog::strict::refuse_extensions(stmt)?;
+        }
+        if let Some(fleet) = self.fleet_catalog.get() {
+            return self.apply_fleet_ddl(fleet, stmt).await;
         }
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();
@@ -301,16 +314,32 @@ impl Shared {
         let Some(change) = change else { return Ok(()) };
         // Durable before visible: a crash after this leaves the new state on disk.
         self.storage.persist(&change)?;
+        self.publish(&current, catalog, &change, current.fleet_version)?;
+        tracing::info!("catalog changed: {stmt}");
+        Ok(())
+    }
+
+    /// Publishes `catalog`, `current` with `change` applied: its trees recompiled, the
+    /// waiting statements a changed classifier placed judged again.
+    fn publish(
+        &self,
+        current: &Snapshot,
+        catalog: Catalog,
+        change: &sluice_catalog::Change,
+        fleet_version: i64,
+    ) -> Result<()> {
         let trees = recompile(
             &current.trees,
             &current.catalog,
             &catalog,
-            &change,
+            change,
             self.options.machine,
         )?;
-        let next = Arc::new(Snapshot::new(catalog, trees, Some(&current)));
+        let mut next = Snapshot::new(catalog, trees, Some(current));
+        next.fleet_version = fleet_version;
+        let next = Arc::new(next);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
-        tracing::info!("catalog changed: {stmt}");
+        let change = change.clone();
         if let sluice_catalog::Change::Upsert(sluice_catalog::Entity::Classifier(c)) = &change {
             self.reclassify_waiting(&c.name, &next.catalog);
         } else if let sluice_catalog::Change::Remove {
@@ -320,6 +349,123 @@ impl Shared {
         {
             self.reclassify_waiting(name, &next.catalog);
         }
+        Ok(())
+    }
+
+    /// A DDL statement in a fleet: validated against this node's catalog, stored in etcd if
+    /// the fleet's catalog is still the version validated against; if it moved meanwhile
+    /// (another node's change), validated again once this node has it. Returns once this
+    /// node has applied the change (so the client sees it here at once).
+    async fn apply_fleet_ddl(&self, fleet: &FleetCatalog, stmt: &Statement) -> Result<()> {
+        for _ in 0..FLEET_DDL_TRIES {
+            let (change, version) = {
+                let _serial = self.ddl.lock().await;
+                let current = self.snapshot();
+                let (_, change) = current.catalog.apply(stmt)?;
+                let Some(change) = change else { return Ok(()) };
+                (change, current.fleet_version)
+            };
+            let node = self.fleet.get().map_or("", |f| f.name());
+            match fleet
+                .store
+                .commit(&fleet_change(&change), version, node)
+                .await?
+            {
+                sluice_cluster::Commit::Done { revision } => {
+                    fleet.applied_at_least(revision).await?;
+                    tracing::info!(revision, "fleet catalog changed: {stmt}");
+                    return Ok(());
+                }
+                sluice_cluster::Commit::Moved { version } => {
+                    tracing::info!(
+                        version,
+                        "the fleet's catalog moved under a DDL; validating it again"
+                    );
+                    fleet.applied_at_least(version).await?;
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorCode::KeeperException,
+            format!("the fleet's catalog changed under this statement {FLEET_DDL_TRIES} times (other nodes' DDL); run it again"),
+        ))
+    }
+
+    /// Makes the fleet's catalog `stored` this node's: the config layer, then the stored
+    /// entities, compiled whole and published (the node's own data dir is not read in a
+    /// fleet). At start-up, and again whenever following the changes broke.
+    pub async fn adopt_fleet_catalog(&self, stored: &sluice_cluster::StoredCatalog) -> Result<()> {
+        let mut items = Vec::with_capacity(stored.entities.len());
+        for (kind, name, text) in &stored.entities {
+            let stmt = sluice_sql::parse_statement(text).map_err(|e| Error {
+                message: format!(
+                    "the fleet's catalog holds {kind} '{name}' that does not parse: {e}"
+                ),
+                ..e
+            })?;
+            items.push((format!("{kind} '{name}' of the fleet's catalog"), stmt));
+        }
+        let base = config_layer(&self.options.config_statements)?;
+        let catalog = sluice_catalog::load_statements(base, items)?;
+        let trees = compile(&catalog, self.options.machine)?;
+        let _serial = self.ddl.lock().await;
+        let current = self.snapshot();
+        let mut next = Snapshot::new(catalog, trees, Some(&current));
+        next.fleet_version = stored.version;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        tracing::info!(
+            entities = stored.entities.len(),
+            version = stored.version,
+            "the fleet's catalog adopted"
+        );
+        Ok(())
+    }
+
+    /// Applies a change another node (or this one) stored in the fleet's catalog.
+    pub async fn apply_followed(&self, followed: &sluice_cluster::Followed) -> Result<()> {
+        let stmt = match &followed.change {
+            sluice_cluster::CatalogChange::Upsert { statement, .. } => {
+                let mut stmt = sluice_sql::parse_statement(statement)?;
+                // It may replace what this node has (the text is canonical, without OR REPLACE).
+                match &mut stmt {
+                    Statement::CreateWorkload(w) => w.options.or_replace = true,
+                    Statement::CreateResource(r) => r.options.or_replace = true,
+                    Statement::CreateClassifier(c) => c.options.or_replace = true,
+                    Statement::Drop(_) => {}
+                }
+                stmt
+            }
+            sluice_cluster::CatalogChange::Remove { kind, name } => {
+                Statement::Drop(sluice_sql::DropEntity {
+                    kind: entity_kind(kind)?,
+                    if_exists: true,
+                    name: name.clone(),
+                    on_cluster: None,
+                })
+            }
+        };
+        let _serial = self.ddl.lock().await;
+        let current = self.snapshot();
+        let (catalog, change) = current.catalog.apply(&stmt)?;
+        match change {
+            Some(change) => self.publish(&current, catalog, &change, followed.revision)?,
+            None => {
+                let mut same = Snapshot::new(
+                    current.catalog.clone(),
+                    current.trees.clone(),
+                    Some(&current),
+                );
+                same.fleet_version = followed.revision;
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(same);
+            }
+        }
+        if let Some(fleet) = self.fleet_catalog.get() {
+            fleet.applied.send_replace(followed.revision);
+        }
+        tracing::info!(
+            revision = followed.revision,
+            "fleet catalog change applied: {stmt}"
+        );
         Ok(())
     }
 
@@ -469,6 +615,72 @@ impl Shared {
         while !self.registry.is_empty() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// How many times a fleet DDL is validated again when other nodes' changes keep landing first.
+const FLEET_DDL_TRIES: usize = 5;
+
+/// How long a node waits for its own follower to apply a change it stored (or one that moved
+/// the catalog under it) before the statement fails.
+const FLEET_APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The fleet's catalog, as a node holds it.
+#[derive(Debug)]
+pub struct FleetCatalog {
+    pub store: sluice_cluster::CatalogStore,
+    /// The etcd revision of the last change this node applied.
+    pub applied: tokio::sync::watch::Sender<i64>,
+}
+
+impl FleetCatalog {
+    pub fn new(store: sluice_cluster::CatalogStore, revision: i64) -> FleetCatalog {
+        FleetCatalog {
+            store,
+            applied: tokio::sync::watch::Sender::new(revision),
+        }
+    }
+
+    /// Until this node has applied the change stored at `revision`.
+    async fn applied_at_least(&self, revision: i64) -> Result<()> {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(FLEET_APPLY_WAIT, applied.wait_for(|r| *r >= revision))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorCode::KeeperException,
+                    format!("the fleet's catalog change at revision {revision} did not reach this node within {} s (is etcd reachable?)", FLEET_APPLY_WAIT.as_secs()),
+                )
+            })?
+            .map_err(|_| Error::new(ErrorCode::KeeperException, "the fleet's catalog is no longer followed"))?;
+        Ok(())
+    }
+}
+
+/// A catalog change as the fleet's catalog stores it.
+fn fleet_change(change: &sluice_catalog::Change) -> sluice_cluster::CatalogChange {
+    match change {
+        sluice_catalog::Change::Upsert(entity) => sluice_cluster::CatalogChange::Upsert {
+            kind: entity.kind().keyword().to_ascii_lowercase(),
+            name: entity.name().to_string(),
+            statement: entity.create_query(),
+        },
+        sluice_catalog::Change::Remove { kind, name } => sluice_cluster::CatalogChange::Remove {
+            kind: kind.keyword().to_ascii_lowercase(),
+            name: name.clone(),
+        },
+    }
+}
+
+fn entity_kind(kind: &str) -> Result<sluice_sql::EntityKind> {
+    match kind {
+        "workload" => Ok(sluice_sql::EntityKind::Workload),
+        "resource" => Ok(sluice_sql::EntityKind::Resource),
+        "classifier" => Ok(sluice_sql::EntityKind::Classifier),
+        other => Err(Error::new(
+            ErrorCode::InternalError,
+            format!("the fleet's catalog holds an entity of unknown kind '{other}'"),
+        )),
     }
 }
 
