@@ -9,13 +9,14 @@
 //! Invariant: the entities under the prefix are always the result of whole changes, each
 //! validated against the catalog as it stood just before it.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use sluice_sql::{Error, ErrorCode, Result};
 
+use crate::retry::{pause, transient};
 use crate::{CatalogChange, Commit, Followed, StoredCatalog};
 
 /// The fleet's catalog in etcd.
@@ -32,31 +33,6 @@ impl std::fmt::Debug for CatalogStore {
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// How long an operation is retried while etcd is electing a leader or a member is away.
-const RETRY_FOR: Duration = Duration::from_secs(10);
-
-/// Whether an etcd failure passes by itself (a leader election, a member away): retried.
-fn transient(e: &etcd_client::Error) -> bool {
-    match e {
-        // gRPC's UNAVAILABLE (14): "leader changed", "no leader", a member not reachable.
-        etcd_client::Error::GRpcStatus(status) => status.code() as i32 == 14,
-        etcd_client::Error::TransportError(_) => true,
-        _ => false,
-    }
-}
-
-/// Waits before the next try of an operation begun at `began`; `false` once it has been
-/// retried for [`RETRY_FOR`].
-async fn pause(began: Instant, attempt: &mut u32) -> bool {
-    if began.elapsed() >= RETRY_FOR {
-        return false;
-    }
-    let wait = Duration::from_millis(25u64 << (*attempt).min(5));
-    *attempt += 1;
-    tokio::time::sleep(wait).await;
-    true
 }
 
 /// A token for one commit, written as the version key's value: a commit retried after a
@@ -194,13 +170,40 @@ impl CatalogStore {
         })
     }
 
-    /// The changes stored after `revision`, in order, sent to `changes` until it is closed or
-    /// the watch fails (its error is returned: the follower loads again and follows anew).
+    /// The changes stored after `revision`, in order, sent to `changes` until it is closed;
+    /// a watch broken by what passes by itself (a member away, a leader elected) is opened
+    /// again from the last change sent. Other failures are returned: the follower loads the
+    /// catalog again and follows anew.
     pub async fn follow(
         &self,
         revision: i64,
         changes: tokio::sync::mpsc::Sender<Followed>,
     ) -> Result<()> {
+        let mut sent = revision;
+        let (mut began, mut attempt) = (Instant::now(), 0);
+        loop {
+            let before = sent;
+            let e = match self.follow_from(&mut sent, &changes).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if sent > before {
+                // It made progress: the retry budget starts again.
+                (began, attempt) = (Instant::now(), 0);
+            }
+            let again = transient(&e) || matches!(e, etcd_client::Error::WatchError(_));
+            if !(again && pause(began, &mut attempt).await) {
+                return Err(failed("following the catalog", &self.endpoints, e));
+            }
+        }
+    }
+
+    /// One watch from after `sent`, advancing it as changes are sent.
+    async fn follow_from(
+        &self,
+        sent: &mut i64,
+        changes: &tokio::sync::mpsc::Sender<Followed>,
+    ) -> std::result::Result<(), etcd_client::Error> {
         let mut stream = self
             .client
             .clone()
@@ -209,16 +212,11 @@ impl CatalogStore {
                 Some(
                     WatchOptions::new()
                         .with_prefix()
-                        .with_start_revision(revision + 1),
+                        .with_start_revision(*sent + 1),
                 ),
             )
-            .await
-            .map_err(|e| failed("cannot follow the catalog", &self.endpoints, e))?;
-        while let Some(answer) = stream
-            .message()
-            .await
-            .map_err(|e| failed("following the catalog", &self.endpoints, e))?
-        {
+            .await?;
+        while let Some(answer) = stream.message().await? {
             for event in answer.events() {
                 let Some(kv) = event.kv() else { continue };
                 let Ok(key) = kv.key_str() else { continue };
@@ -240,8 +238,10 @@ impl CatalogStore {
                 if changes.send(followed).await.is_err() {
                     return Ok(());
                 }
+                *sent = kv.mod_revision();
             }
         }
-        Ok(())
+        // The watch ended without an error (etcd closed it): opened again.
+        Err(etcd_client::Error::WatchError("the watch ended".into()))
     }
 }

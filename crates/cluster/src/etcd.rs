@@ -11,6 +11,7 @@ use etcd_client::{
 };
 use sluice_sql::{Error, ErrorCode, Result};
 
+use crate::retry::{pause, transient};
 use crate::{ClusterOptions, Node};
 
 /// This node's place in the fleet: its lease kept alive, the members followed. Leaves the
@@ -84,11 +85,15 @@ impl Membership {
             .await
             .map_err(|e| etcd_error("cannot connect", &endpoints, e))?;
         let ttl = i64::try_from(options.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let lease = client
-            .lease_grant(ttl, None)
-            .await
-            .map_err(|e| etcd_error("cannot grant the node's lease", &endpoints, e))?
-            .id();
+        // Retried through a leader election or a member away, as every etcd call here.
+        let (began, mut attempt) = (std::time::Instant::now(), 0);
+        let lease = loop {
+            match client.lease_grant(ttl, None).await {
+                Ok(granted) => break granted.id(),
+                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+                Err(e) => return Err(etcd_error("cannot grant the node's lease", &endpoints, e)),
+            }
+        };
         let key = node_key(&options.prefix, &options.node);
         let joined = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -101,11 +106,22 @@ impl Membership {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let claimed = client
-            .txn(claim)
-            .await
-            .map_err(|e| etcd_error("cannot register the node", &endpoints, e))?;
-        if !claimed.succeeded() {
+        let (began, mut attempt) = (std::time::Instant::now(), 0);
+        let claimed = loop {
+            match client.txn(claim.clone()).await {
+                Ok(claimed) => break claimed,
+                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+                Err(e) => return Err(etcd_error("cannot register the node", &endpoints, e)),
+            }
+        };
+        // A retried claim whose first try was stored finds its own key: the same lease.
+        let ours = claimed.op_responses().into_iter().any(|r| match r {
+            etcd_client::TxnOpResponse::Get(get) => {
+                get.kvs().first().is_some_and(|kv| kv.lease() == lease)
+            }
+            _ => false,
+        });
+        if !claimed.succeeded() && !ours {
             let _ = client.lease_revoke(lease).await;
             return Err(Error::new(
                 ErrorCode::BadArguments,

@@ -27,6 +27,8 @@ mod catalog;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
+mod retry;
+#[cfg(feature = "etcd")]
 pub use catalog::CatalogStore;
 #[cfg(feature = "etcd")]
 pub use etcd::Membership;

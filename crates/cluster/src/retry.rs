@@ -1,0 +1,31 @@
+//! Retries of etcd operations through what passes by itself: a leader election, a member
+//! away (the `etcd` feature).
+
+use std::time::{Duration, Instant};
+
+/// How long an operation is retried while etcd is electing a leader or a member is away.
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// Whether an etcd failure passes by itself (a leader election, a member away): retried.
+pub(crate) fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        // gRPC's UNAVAILABLE (14): "leader changed", "no leader", a member not reachable.
+        // UNKNOWN (2): a connection broken under the call; DEADLINE_EXCEEDED (4): "request
+        // timed out" while a leader is elected.
+        etcd_client::Error::GRpcStatus(status) => matches!(status.code() as i32, 2 | 4 | 14),
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Waits before the next try of an operation begun at `began`; `false` once it has been
+/// retried for [`RETRY_FOR`].
+pub(crate) async fn pause(began: Instant, attempt: &mut u32) -> bool {
+    if began.elapsed() >= RETRY_FOR {
+        return false;
+    }
+    let wait = Duration::from_millis(25u64 << (*attempt).min(5));
+    *attempt += 1;
+    tokio::time::sleep(wait).await;
+    true
+}
