@@ -14,9 +14,9 @@ use std::time::Instant;
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use sluice_sql::{Error, ErrorCode, Result};
+use sluice_sql::Result;
 
-use crate::retry::{pause, transient};
+use crate::retry::{etcd_error, pause, transient};
 use crate::{CatalogChange, Commit, Followed, StoredCatalog};
 
 /// The fleet's catalog in etcd.
@@ -44,13 +44,6 @@ fn commit_token(by: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{by} {nanos} {}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-fn failed(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
-    Error::new(
-        ErrorCode::KeeperException,
-        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
-    )
 }
 
 impl CatalogStore {
@@ -85,7 +78,7 @@ impl CatalogStore {
             {
                 Ok(read) => break read,
                 Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
-                Err(e) => return Err(failed("cannot read the catalog", &self.endpoints, e)),
+                Err(e) => return Err(etcd_error("cannot read the catalog", &self.endpoints, e)),
             }
         };
         let mut stored = StoredCatalog {
@@ -143,7 +136,7 @@ impl CatalogStore {
                 Ok(answer) => break answer,
                 Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
                 Err(e) => {
-                    return Err(failed(
+                    return Err(etcd_error(
                         "cannot store the catalog change",
                         &self.endpoints,
                         e,
@@ -193,7 +186,7 @@ impl CatalogStore {
             }
             let again = transient(&e) || matches!(e, etcd_client::Error::WatchError(_));
             if !(again && pause(began, &mut attempt).await) {
-                return Err(failed("following the catalog", &self.endpoints, e));
+                return Err(etcd_error("following the catalog", &self.endpoints, e));
             }
         }
     }

@@ -11,7 +11,7 @@ use etcd_client::{
 };
 use sluice_sql::{Error, ErrorCode, Result};
 
-use crate::retry::{pause, transient};
+use crate::retry::{etcd_error, pause, transient};
 use crate::{ClusterOptions, Node};
 
 /// This node's place in the fleet: its lease kept alive, the members followed. Leaves the
@@ -42,14 +42,6 @@ impl Drop for Membership {
     fn drop(&mut self) {
         self.stop_tasks();
     }
-}
-
-/// An etcd failure, named as ClickHouse names a coordination failure (KEEPER_EXCEPTION).
-fn etcd_error(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
-    Error::new(
-        ErrorCode::KeeperException,
-        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
-    )
 }
 
 fn node_key(prefix: &str, name: &str) -> String {

@@ -1,7 +1,9 @@
-//! Retries of etcd operations through what passes by itself: a leader election, a member
-//! away (the `etcd` feature).
+//! etcd's failures (the `etcd` feature): the one error they become, and the retries of
+//! what passes by itself (a leader election, a member away).
 
 use std::time::{Duration, Instant};
+
+use sluice_sql::{Error, ErrorCode};
 
 /// How long an operation is retried while etcd is electing a leader or a member is away.
 const RETRY_FOR: Duration = Duration::from_secs(10);
@@ -28,4 +30,12 @@ pub(crate) async fn pause(began: Instant, attempt: &mut u32) -> bool {
     *attempt += 1;
     tokio::time::sleep(wait).await;
     true
+}
+
+/// An etcd failure, named as ClickHouse names a coordination failure (KEEPER_EXCEPTION).
+pub(crate) fn etcd_error(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
+    Error::new(
+        ErrorCode::KeeperException,
+        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
+    )
 }
