@@ -151,6 +151,8 @@ pub struct ServerConfig {
     /// one); default: the machine's cores, 1 on two cores or fewer; 0 runs them on one shared
     /// multi-threaded runtime.
     pub connection_threads: Option<usize>,
+    /// A file every QUERY slot granted and given back is appended to (off by default).
+    pub admission_log: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

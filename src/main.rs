@@ -375,6 +375,7 @@ fn serve(
             .query_log_size
             .unwrap_or(sluice_server::query_log::DEFAULT_SIZE),
         strict_clickhouse: config.server.strict_clickhouse.unwrap_or(false),
+        admission_log: config.server.admission_log.clone(),
         cpu_slots: sluice_server::CpuSlotOptions {
             preemption: config.server.cpu_slot_preemption.unwrap_or(false),
             quantum_ns: config.server.cpu_slot_quantum_ns.unwrap_or(10_000_000),

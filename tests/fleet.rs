@@ -15,10 +15,11 @@ use sluice_testetcd::Etcd;
 fn config(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> PathBuf {
     let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
     let path = dir.join(format!("{node}.toml"));
+    let log = dir.join(format!("{node}.admissions"));
     std::fs::write(
         &path,
         format!(
-            "[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n",
+            "[server]\nadmission_log = {log:?}\n[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n",
             endpoints.join(", ")
         ),
     )
@@ -200,4 +201,151 @@ fn ddl_on_one_node_reaches_every_node_and_a_race_has_one_winner() {
     for port in [p1, p2, p4] {
         says(port, names, "all,dev1,dev2,dev3,dev4,prod");
     }
+}
+
+/// The merged admission logs of `nodes`: (micros, +1 admit / -1 release, node), in time
+/// order (a release before an admission at the same microsecond).
+fn admissions(dir: &Path, nodes: &[&str]) -> Vec<(u64, i64, String)> {
+    let mut events = Vec::new();
+    for node in nodes {
+        let text =
+            std::fs::read_to_string(dir.join(format!("{node}.admissions"))).unwrap_or_default();
+        for line in text.lines() {
+            let mut parts = line.split(' ');
+            let (Some(what), Some(at)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let at: u64 = at.parse().expect("micros");
+            events.push((at, if what == "admit" { 1 } else { -1 }, node.to_string()));
+        }
+    }
+    events.sort();
+    events
+}
+
+/// The most queries running at once in `events`, and the average number running between
+/// `from` and `to` (micros).
+fn concurrency(events: &[(u64, i64, String)], from: u64, to: u64) -> (i64, f64) {
+    let (mut now, mut most, mut area, mut at) = (0i64, 0i64, 0f64, from);
+    for (t, delta, _) in events {
+        if *t > from && *t <= to {
+            area += now as f64 * (*t - at) as f64;
+            at = *t;
+        } else if *t > to && at < to {
+            area += now as f64 * (to - at) as f64;
+            at = to;
+        }
+        now += delta;
+        most = most.max(now);
+    }
+    (most, area / (to - from) as f64)
+}
+
+fn micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64
+}
+
+/// Issue 37's third part: `max_concurrent_queries` holds across the fleet. 200 clients spread
+/// over three nodes for 30 s against a workload limited to 8: the merged admission logs never
+/// show more than 8 running at once, every query is answered once, and while demand exceeds
+/// 8 the fleet runs at least 7 on average (no capacity stranded on a node).
+#[test]
+fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(dir.path(), 3);
+    let nodes = ["n1", "n2", "n3"];
+    let started: Vec<_> = nodes
+        .iter()
+        .map(|n| start(dir.path(), &etcd, n, 3))
+        .collect();
+    let ports: Vec<u16> = started.iter().map(|(_, p)| *p).collect();
+    run(ports[0], "CREATE RESOURCE q (QUERY)").expect("resource");
+    run(
+        ports[0],
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8",
+    )
+    .expect("workload");
+    for port in &ports {
+        says(*port, "SELECT count(*) FROM system.workloads", "1");
+    }
+    let clients = 200;
+    let run_for = Duration::from_secs(30);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let began = micros_now();
+    let (answered, failed) = runtime.block_on(async {
+        let deadline = tokio::time::Instant::now() + run_for;
+        let mut tasks = Vec::new();
+        for i in 0..clients {
+            let port = ports[i % ports.len()];
+            tasks.push(tokio::spawn(async move {
+                let (client, connection) = tokio_postgres::connect(
+                    &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+                    tokio_postgres::NoTls,
+                )
+                .await
+                .expect("connects");
+                tokio::spawn(connection);
+                let (mut answered, mut failed) = (0u64, Vec::new());
+                while tokio::time::Instant::now() < deadline {
+                    match client
+                        .simple_query("SELECT pg_sleep(0.02) SETTINGS workload = 'all'")
+                        .await
+                    {
+                        Ok(_) => answered += 1,
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (answered, failed)
+            }));
+        }
+        let (mut answered, mut failed) = (0, Vec::new());
+        for task in tasks {
+            let (a, f) = task.await.expect("client");
+            answered += a;
+            failed.extend(f);
+        }
+        (answered, failed)
+    });
+    let ended = micros_now();
+    assert!(
+        failed.is_empty(),
+        "{} failed, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let events = admissions(dir.path(), &nodes);
+    let admitted = events.iter().filter(|e| e.1 == 1).count() as u64;
+    let released = events.iter().filter(|e| e.1 == -1).count() as u64;
+    // Only the clients' statements take a QUERY slot (psql's DDL and checks do not name it).
+    assert_eq!(
+        (admitted, released),
+        (answered, answered),
+        "every query answered once"
+    );
+    // Demand exceeds 8 from the clients' first queries to their last: skip 3 s of connecting
+    // and 2 s of winding down.
+    let (most, average) = concurrency(&events, began + 3_000_000, ended - 2_000_000);
+    let by_node: Vec<usize> = nodes
+        .iter()
+        .map(|n| events.iter().filter(|e| e.1 == 1 && e.2 == *n).count())
+        .collect();
+    eprintln!(
+        "{answered} answered; at most {most} at once; {average:.2} on average; by node {by_node:?}"
+    );
+    assert!(most <= 8, "the fleet ran {most} at once (limit 8)");
+    assert!(
+        average >= 7.0,
+        "the fleet ran {average:.2} on average while demand exceeded 8"
+    );
+    assert!(
+        by_node.iter().all(|n| *n > 0),
+        "a node admitted nothing: {by_node:?}"
+    );
 }

@@ -1,7 +1,7 @@
 //! The fleet on etcd (the `etcd` feature): [`Membership`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,7 @@ use etcd_client::{
 use sluice_sql::{Error, ErrorCode, Result};
 
 use crate::retry::{etcd_error, pause, transient};
-use crate::{ClusterOptions, Node};
+use crate::{ClusterOptions, LeaseState, Node};
 
 /// This node's place in the fleet: its lease kept alive, the members followed. Leaves the
 /// fleet (its lease revoked) on [`Membership::leave`]; dropped without it, its key goes when
@@ -20,11 +20,14 @@ use crate::{ClusterOptions, Node};
 pub struct Membership {
     options: ClusterOptions,
     client: Client,
-    lease: i64,
+    /// The lease the node holds now (a new one after a lost one: see [`keep_alive`]).
+    lease: Arc<AtomicI64>,
     nodes: Arc<Mutex<BTreeMap<String, Node>>>,
-    /// Set once the lease could not be renewed before it expired (the node is out of the
-    /// fleet until it joins again).
+    /// Set once the lease could not be renewed before it expired (until the node joins
+    /// again under a new lease).
     lost: Arc<AtomicBool>,
+    /// The lease and until when it certainly lives (see [`LeaseState`]).
+    alive: tokio::sync::watch::Receiver<LeaseState>,
     /// Its lease's renewals and the members' watch, ended when it leaves or is dropped.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -33,7 +36,7 @@ impl std::fmt::Debug for Membership {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Membership")
             .field("options", &self.options)
-            .field("lease", &self.lease)
+            .field("lease", &self.lease.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -78,42 +81,9 @@ impl Membership {
             .map_err(|e| etcd_error("cannot connect", &endpoints, e))?;
         let ttl = i64::try_from(options.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         // Retried through a leader election or a member away, as every etcd call here.
-        let (began, mut attempt) = (std::time::Instant::now(), 0);
-        let lease = loop {
-            match client.lease_grant(ttl, None).await {
-                Ok(granted) => break granted.id(),
-                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
-                Err(e) => return Err(etcd_error("cannot grant the node's lease", &endpoints, e)),
-            }
-        };
+        let (lease, granted_at) = grant(&client, ttl, &endpoints).await?;
         let key = node_key(&options.prefix, &options.node);
-        let joined = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let claim = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                node_value(address, joined),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let (began, mut attempt) = (std::time::Instant::now(), 0);
-        let claimed = loop {
-            match client.txn(claim.clone()).await {
-                Ok(claimed) => break claimed,
-                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
-                Err(e) => return Err(etcd_error("cannot register the node", &endpoints, e)),
-            }
-        };
-        // A retried claim whose first try was stored finds its own key: the same lease.
-        let ours = claimed.op_responses().into_iter().any(|r| match r {
-            etcd_client::TxnOpResponse::Get(get) => {
-                get.kvs().first().is_some_and(|kv| kv.lease() == lease)
-            }
-            _ => false,
-        });
-        if !claimed.succeeded() && !ours {
+        if !claim(&client, &key, address, lease, &endpoints).await? {
             let _ = client.lease_revoke(lease).await;
             return Err(Error::new(
                 ErrorCode::BadArguments,
@@ -126,14 +96,23 @@ impl Membership {
         }
         let nodes = Arc::new(Mutex::new(BTreeMap::new()));
         let lost = Arc::new(AtomicBool::new(false));
+        let lease_now = Arc::new(AtomicI64::new(lease));
+        let (alive_tx, alive) = tokio::sync::watch::channel(LeaseState {
+            lease,
+            until: Some(fence_of(granted_at, options.lease_ttl)),
+        });
+        let renewal = Renewal {
+            client: client.clone(),
+            ttl: options.lease_ttl,
+            endpoints: endpoints.clone(),
+            key,
+            address: address.to_string(),
+            lease: lease_now.clone(),
+            lost: lost.clone(),
+            alive: alive_tx,
+        };
         let tasks = vec![
-            tokio::spawn(keep_alive(
-                client.clone(),
-                lease,
-                options.lease_ttl,
-                endpoints.clone(),
-                lost.clone(),
-            )),
+            tokio::spawn(keep_alive(renewal)),
             tokio::spawn(follow_members(
                 client.clone(),
                 options.prefix.clone(),
@@ -145,15 +124,84 @@ impl Membership {
         let membership = Membership {
             options,
             client,
-            lease,
+            lease: lease_now,
             nodes,
             lost,
+            alive,
             tasks: Mutex::new(tasks),
         };
         membership.wait_for_self().await;
         Ok(membership)
     }
+}
 
+/// Grants a lease of `ttl` seconds: its id, and when the grant was sent (the lease lives at
+/// least `ttl` from then).
+async fn grant(
+    client: &Client,
+    ttl: i64,
+    endpoints: &[String],
+) -> Result<(i64, tokio::time::Instant)> {
+    // Retried through a leader election or a member away, as every etcd call here.
+    let (began, mut attempt) = (std::time::Instant::now(), 0);
+    loop {
+        let sent = tokio::time::Instant::now();
+        match client.clone().lease_grant(ttl, None).await {
+            Ok(granted) => return Ok((granted.id(), sent)),
+            Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+            Err(e) => return Err(etcd_error("cannot grant the node's lease", endpoints, e)),
+        }
+    }
+}
+
+/// Until when a lease renewed (or granted) by a request sent at `sent` certainly lives, by
+/// this node's clock: etcd keeps it `ttl` from when it handled the request, later than
+/// `sent`; a tenth of the TTL is kept back for the two clocks' rates (they would have to
+/// differ by 10% to matter) and the scheduling delays of the node.
+pub fn fence_of(sent: tokio::time::Instant, ttl: Duration) -> tokio::time::Instant {
+    sent + ttl.mul_f64(0.9)
+}
+
+/// Writes the node's key under `lease` if no live node holds the name: whether it is ours.
+async fn claim(
+    client: &Client,
+    key: &str,
+    address: &str,
+    lease: i64,
+    endpoints: &[String],
+) -> Result<bool> {
+    let mut client = client.clone();
+    let joined = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let key = key.to_string();
+    let claim = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            node_value(address, joined),
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let (began, mut attempt) = (std::time::Instant::now(), 0);
+    let claimed = loop {
+        match client.txn(claim.clone()).await {
+            Ok(claimed) => break claimed,
+            Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+            Err(e) => return Err(etcd_error("cannot register the node", endpoints, e)),
+        }
+    };
+    // A retried claim whose first try was stored finds its own key: the same lease.
+    let ours = claimed.op_responses().into_iter().any(|r| match r {
+        etcd_client::TxnOpResponse::Get(get) => {
+            get.kvs().first().is_some_and(|kv| kv.lease() == lease)
+        }
+        _ => false,
+    });
+    Ok(claimed.succeeded() || ours)
+}
+
+impl Membership {
     /// Until this node's own key has come back by watch (so it lists itself from the start);
     /// a few seconds at most.
     async fn wait_for_self(&self) {
@@ -202,7 +250,22 @@ impl Membership {
 
     /// This node's lease in etcd.
     pub fn lease(&self) -> i64 {
-        self.lease
+        self.lease.load(Ordering::Relaxed)
+    }
+
+    /// The lease and until when it certainly lives, as renewals update it.
+    pub fn alive(&self) -> tokio::sync::watch::Receiver<LeaseState> {
+        self.alive.clone()
+    }
+
+    /// The fleet's shares of cluster-wide limits in etcd, on this node's connection.
+    pub fn share_book(&self) -> crate::ShareBook {
+        crate::ShareBook::new(
+            self.client.clone(),
+            &self.options.prefix,
+            &self.options.node,
+            self.options.endpoints.clone(),
+        )
     }
 
     /// Whether the lease expired before it could be renewed (the node is out of the fleet).
@@ -213,34 +276,52 @@ impl Membership {
     /// Leaves the fleet at once: the lease is revoked, so the node's key goes now.
     pub async fn leave(&self) {
         self.stop_tasks();
-        if let Err(e) = self.client.clone().lease_revoke(self.lease).await {
+        if let Err(e) = self.client.clone().lease_revoke(self.lease()).await {
             tracing::warn!("leaving the fleet: {e}; the node's key goes when its lease expires");
         }
     }
 }
 
-/// Renews `lease` every third of its TTL for as long as the node runs; a renewal that fails is
-/// retried, and a lease found expired marks the node `lost`.
-async fn keep_alive(
+/// What renews the node's lease.
+struct Renewal {
     client: Client,
-    lease: i64,
     ttl: Duration,
     endpoints: Vec<String>,
+    /// The node's key and its value's address, written again under a new lease.
+    key: String,
+    address: String,
+    lease: Arc<AtomicI64>,
     lost: Arc<AtomicBool>,
-) {
-    let every = (ttl / 3).max(Duration::from_millis(100));
+    alive: tokio::sync::watch::Sender<LeaseState>,
+}
+
+/// Renews the lease every third of its TTL for as long as the node runs (a failed renewal is
+/// tried again after half a second), moving the fence on with each one etcd confirms. A
+/// lease found expired marks the node `lost` (its fence is lifted at once) and the node joins
+/// again under a new lease, as soon as etcd grants one and no other live node took its name.
+async fn keep_alive(r: Renewal) {
+    let every = (r.ttl / 3).max(Duration::from_millis(100));
     let mut failing = false;
     loop {
-        match renew(&client, lease).await {
+        let lease = r.lease.load(Ordering::Relaxed);
+        let sent = tokio::time::Instant::now();
+        match renew(&r.client, lease).await {
             Ok(0) => {
                 tracing::error!(
                     lease,
-                    "the node's etcd lease expired: it is out of the fleet"
+                    "the node's etcd lease expired: it is out of the fleet until it joins again"
                 );
-                lost.store(true, Ordering::Relaxed);
-                return;
+                r.lost.store(true, Ordering::Relaxed);
+                r.alive.send_replace(LeaseState { lease, until: None });
+                rejoin(&r).await;
+                failing = false;
+                continue;
             }
             Ok(_) => {
+                r.alive.send_replace(LeaseState {
+                    lease,
+                    until: Some(fence_of(sent, r.ttl)),
+                });
                 if failing {
                     tracing::info!(lease, "the node's etcd lease renewed again");
                     failing = false;
@@ -251,13 +332,45 @@ async fn keep_alive(
                     tracing::warn!(
                         lease,
                         "cannot renew the node's etcd lease ({}): {e}",
-                        endpoints.join(", ")
+                        r.endpoints.join(", ")
                     );
                     failing = true;
                 }
+                tokio::time::sleep(every.min(Duration::from_millis(500))).await;
+                continue;
             }
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// A new lease and the node's key under it, tried until both are had.
+async fn rejoin(r: &Renewal) {
+    let ttl = i64::try_from(r.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    loop {
+        match grant(&r.client, ttl, &r.endpoints).await {
+            Ok((lease, sent)) => {
+                match claim(&r.client, &r.key, &r.address, lease, &r.endpoints).await {
+                    Ok(true) => {
+                        r.lease.store(lease, Ordering::Relaxed);
+                        r.lost.store(false, Ordering::Relaxed);
+                        r.alive.send_replace(LeaseState {
+                            lease,
+                            until: Some(fence_of(sent, r.ttl)),
+                        });
+                        tracing::info!(lease, "the node joined the fleet again");
+                        return;
+                    }
+                    Ok(false) => {
+                        let _ = r.client.clone().lease_revoke(lease).await;
+                        tracing::error!(key = %r.key, "cannot join the fleet again: a live node holds this node's name");
+                    }
+                    Err(e) => tracing::warn!("joining the fleet again: {e}"),
+                }
+            }
+            Err(e) => tracing::warn!("joining the fleet again: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

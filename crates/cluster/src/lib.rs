@@ -4,8 +4,11 @@
 //! as one transaction compared on the version it was validated against, followed by watch)
 //! and the fleet's membership: a node joins under a lease of `lease_ttl`
 //! (its key `PREFIX/nodes/NAME` lives exactly as long as the lease), keeps the lease alive,
-//! and follows the fleet's members by watch, so the list it shows costs no round trip. (To
-//! come here, issue 37: the catalog store, the shares of cluster-wide limits, fleet-wide lanes.)
+//! and follows the fleet's members by watch, so the list it shows costs no round trip; the
+//! lease's renewals say until when it certainly lives ([`LeaseState`]), and a lease lost is
+//! replaced by a new one. The shares of the fleet's limits (`shares.rs`: each node's share
+//! of a limit under its lease, grown only by a transaction that keeps their sum within the
+//! limit) and the demand each node publishes. (To come: fleet-wide lanes.)
 //!
 //! Invariants:
 //! - A node's key exists only while its lease does: a node that dies leaves the fleet within
@@ -13,6 +16,7 @@
 //! - Two live nodes never hold one name: a join under a name whose key exists is refused (one
 //!   etcd transaction compares the key's creation and writes it).
 //! - What [`Membership::nodes`] shows is etcd's members as of the last watch event.
+//! - A limit's shares in etcd never sum above the limit (see `shares.rs`).
 //!
 //! Must not: schedule anything or know SQL beyond the error type; `sluice-server` wires it.
 //!
@@ -29,14 +33,18 @@ mod etcd;
 #[cfg(feature = "etcd")]
 mod retry;
 #[cfg(feature = "etcd")]
+mod shares;
+#[cfg(feature = "etcd")]
 pub use catalog::CatalogStore;
 #[cfg(feature = "etcd")]
 pub use etcd::Membership;
+#[cfg(feature = "etcd")]
+pub use shares::ShareBook;
 
 #[cfg(not(feature = "etcd"))]
 mod without_etcd;
 #[cfg(not(feature = "etcd"))]
-pub use without_etcd::{CatalogStore, Membership};
+pub use without_etcd::{CatalogStore, Membership, ShareBook};
 
 /// `[cluster]`: where etcd is and who this node is.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +79,26 @@ pub struct Node {
     pub joined: u64,
     /// Whether it is the node asking.
     pub this: bool,
+}
+
+/// The node's lease, and until when it certainly lives by this node's clock (`None`: it
+/// was lost; the node is joining again). Shares of the fleet's limits are usable only
+/// before `until`: etcd cannot have given them to another node by then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    pub lease: i64,
+    pub until: Option<tokio::time::Instant>,
+}
+
+/// What the fleet has published of demand and shares, as of a watch event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FleetView {
+    /// Each node's demand, as it published it (text; the server reads it).
+    pub demand: std::collections::BTreeMap<String, String>,
+    /// Each limited workload's shares, by node.
+    pub shares: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    /// etcd's revision of the view.
+    pub revision: i64,
 }
 
 /// One change of the catalog.

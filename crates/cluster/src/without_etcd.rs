@@ -3,7 +3,9 @@
 
 use sluice_sql::{Error, ErrorCode, Result};
 
-use crate::{CatalogChange, ClusterOptions, Commit, Followed, Node, StoredCatalog};
+use crate::{
+    CatalogChange, ClusterOptions, Commit, FleetView, Followed, LeaseState, Node, StoredCatalog,
+};
 
 /// This node's place in a fleet; a build without etcd never has one.
 #[derive(Debug)]
@@ -43,6 +45,14 @@ impl Membership {
         match self.never {}
     }
 
+    pub fn alive(&self) -> tokio::sync::watch::Receiver<LeaseState> {
+        match self.never {}
+    }
+
+    pub fn share_book(&self) -> ShareBook {
+        match self.never {}
+    }
+
     pub async fn leave(&self) {
         match self.never {}
     }
@@ -73,6 +83,37 @@ impl CatalogStore {
         _revision: i64,
         _changes: tokio::sync::mpsc::Sender<Followed>,
     ) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// The fleet's shares in etcd; a build without etcd never has them.
+#[derive(Debug, Clone)]
+pub struct ShareBook {
+    never: std::convert::Infallible,
+}
+
+impl ShareBook {
+    pub async fn publish_demand(&self, _lease: i64, _text: &str) -> Result<()> {
+        match self.never {}
+    }
+
+    pub async fn lower(&self, _lease: i64, _workload: &str, _to: i64) -> Result<()> {
+        match self.never {}
+    }
+
+    pub async fn grow(
+        &self,
+        _lease: i64,
+        _workload: &str,
+        _want: i64,
+        _limit: i64,
+        _catalog_version: i64,
+    ) -> Result<Option<i64>> {
+        match self.never {}
+    }
+
+    pub async fn follow(&self, _view: tokio::sync::watch::Sender<FleetView>) {
         match self.never {}
     }
 }

@@ -21,12 +21,15 @@
 //!
 //! It does no I/O and knows no SQL engine.
 
+pub mod fleet;
 pub mod runtime;
 pub mod shares;
 pub mod space;
 pub mod tree;
 
-pub use runtime::{Acquire, Clock, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock};
+pub use runtime::{
+    Acquire, Clock, Fence, LimitState, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock,
+};
 pub use shares::{shares, ShareRow};
 pub use space::{
     Allocation, KillSwitch, MemoryScheduler, PendingAllocation, SpaceNodeState, SpaceStats,

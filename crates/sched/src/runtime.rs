@@ -155,6 +155,8 @@ enum RtKind {
         max_cost: i64,
         requests: i64,
         cost: i64,
+        /// In a fleet: this node's share of `max_requests` (see [`Fence`]); `i64::MAX` alone.
+        share: i64,
     },
     Bandwidth {
         max_speed: f64,
@@ -251,6 +253,70 @@ struct State {
     wake_at: Option<Instant>,
     /// Set once a new tree took over (see [`ResourceScheduler::succeed`]).
     successor: Option<Successor>,
+    /// In a fleet: the `inflight_limit`s let through only their shares, and only while the
+    /// node's lease certainly lives ([`ResourceScheduler::join_fleet`]).
+    fence: Option<Arc<Fence>>,
+}
+
+/// Until when a node of a fleet may use the shares it holds: its lease in etcd certainly
+/// lives until then (the last renewal etcd confirmed, sent at `s`, holds the lease until at
+/// least `s + ttl` on etcd's clock; the fleet sets the fence earlier than that, by a margin
+/// for clock rates). Past it, every `inflight_limit` of a scheduler in the fleet lets nothing
+/// through, so a node cut off from etcd stops admitting before its shares can be given to
+/// another node. Read on the admission path: one atomic load and a clock reading.
+#[derive(Debug)]
+pub struct Fence {
+    base: Instant,
+    /// Nanoseconds after `base` until which the lease lives; 0: no lease held.
+    until: std::sync::atomic::AtomicU64,
+}
+
+impl Fence {
+    /// A fence that holds nothing yet.
+    pub fn new() -> Arc<Fence> {
+        Arc::new(Fence {
+            base: Instant::now(),
+            until: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The lease certainly lives until `until`.
+    pub fn hold_until(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.base).as_nanos();
+        self.until.store(
+            u64::try_from(nanos).unwrap_or(u64::MAX).max(1),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// No lease is held (it was lost): nothing passes until [`Fence::hold_until`] again.
+    pub fn lift(&self) {
+        self.until.store(0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the lease certainly lives at `now`.
+    pub fn holds(&self, now: Instant) -> bool {
+        let until = self.until.load(std::sync::atomic::Ordering::Acquire);
+        until != 0 && now.saturating_duration_since(self.base).as_nanos() < u128::from(until)
+    }
+
+    /// When the lease stops certainly living (`None`: none held).
+    pub fn until(&self) -> Option<Instant> {
+        let until = self.until.load(std::sync::atomic::Ordering::Acquire);
+        (until != 0).then(|| self.base + Duration::from_nanos(until))
+    }
+}
+
+/// One `inflight_limit` of a scheduler, as the fleet's share keeper reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitState {
+    /// The workload it limits.
+    pub workload: String,
+    pub max_requests: i64,
+    /// Requests in flight under it now.
+    pub requests: i64,
+    /// This node's share of `max_requests` (`i64::MAX` outside a fleet).
+    pub share: i64,
 }
 
 /// Where a replaced scheduler forwards to.
@@ -297,6 +363,7 @@ impl ResourceScheduler {
             next_id: 0,
             wake_at: None,
             successor: None,
+            fence: None,
         };
         if let Some(root) = &tree.root {
             add_node(&mut state, root, "", None, None, false, now);
@@ -380,6 +447,10 @@ impl ResourceScheduler {
         let mut old = self.shared.lock();
         let mut new = next.shared.lock();
         new.idle_grants_off = old.idle_grants_off;
+        if let Some(fence) = &old.fence {
+            // In a fleet a new limit holds no share until the fleet grants it one.
+            enter_fleet(&mut new, fence.clone());
+        }
         let key = |n: &RtNode| n.owner.as_deref().map(|o| (o.to_string(), n.type_name));
         let new_by_key: HashMap<(String, &'static str), usize> = new
             .nodes
@@ -396,15 +467,22 @@ impl ResourceScheduler {
             };
             match (&old.nodes[i].kind, &mut new.nodes[j].kind) {
                 (
-                    RtKind::Inflight { requests, cost, .. },
+                    RtKind::Inflight {
+                        requests,
+                        cost,
+                        share,
+                        ..
+                    },
                     RtKind::Inflight {
                         requests: to_requests,
                         cost: to_cost,
+                        share: to_share,
                         ..
                     },
                 ) => {
                     *to_requests += requests;
                     *to_cost += cost;
+                    *to_share = *share;
                     constraints.insert(i, j);
                 }
                 (
@@ -619,11 +697,107 @@ impl ResourceScheduler {
                 budget: queue_cost.map(|_| 0),
                 queue_cost,
                 is_satisfied: matches!(n.kind, RtKind::Inflight { .. } | RtKind::Bandwidth { .. })
-                    .then(|| lets_through(&n.kind)),
+                    .then(|| lets_through(&n.kind, is_fenced(&state, now))),
             });
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out
+    }
+
+    /// Puts this scheduler (and every successor) in a fleet: each `inflight_limit` lets
+    /// through at most this node's share of it, set by [`ResourceScheduler::set_share`]
+    /// (none until then), and nothing while `fence` does not hold.
+    pub fn join_fleet(&self, fence: Arc<Fence>) {
+        self.with_current(|_, state| enter_fleet(state, fence));
+    }
+
+    /// Sets this node's share of `workload`'s `inflight_limit` and grants what it lets
+    /// through. A smaller share admits nothing until the requests in flight are below it (it
+    /// never stops what runs). False when the workload has no `inflight_limit` here.
+    pub fn set_share(&self, workload: &str, to: i64) -> bool {
+        self.with_current(|shared, state| {
+            let mut found = false;
+            for node in &mut state.nodes {
+                if node.owner.as_deref() != Some(workload) {
+                    continue;
+                }
+                if let RtKind::Inflight { share, .. } = &mut node.kind {
+                    *share = to.max(0);
+                    found = true;
+                }
+            }
+            if found {
+                state.epoch += 1;
+                shared.dispatch(state);
+            }
+            found
+        })
+    }
+
+    /// Grants what the tree lets through now (after the fleet's fence moved on).
+    pub fn wake(&self) {
+        self.with_current(|shared, state| {
+            state.epoch += 1;
+            shared.dispatch(state);
+        });
+    }
+
+    /// Every `inflight_limit` with the workload it limits, its requests in flight and this
+    /// node's share of it.
+    pub fn limits(&self) -> Vec<LimitState> {
+        self.with_current(|_, state| {
+            state
+                .nodes
+                .iter()
+                .filter_map(|n| match n.kind {
+                    RtKind::Inflight {
+                        max_requests,
+                        requests,
+                        share,
+                        ..
+                    } => Some(LimitState {
+                        workload: n.owner.as_deref()?.to_string(),
+                        max_requests,
+                        requests,
+                        share,
+                    }),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// Requests waiting in each leaf workload's queue (workloads with none waiting left out).
+    pub fn queue_lengths(&self) -> Vec<(String, usize)> {
+        self.with_current(|_, state| {
+            state
+                .nodes
+                .iter()
+                .filter_map(|n| match &n.kind {
+                    RtKind::Queue { queue, .. } if !queue.is_empty() => {
+                        Some((n.owner.as_deref()?.to_string(), queue.len()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// Runs `f` on the scheduler now in charge, under its lock (so no successor can take
+    /// over meanwhile: a change made here is one `succeed` carries over).
+    fn with_current<R>(&self, f: impl FnOnce(&Arc<Shared>, &mut State) -> R) -> R {
+        let mut at = self.shared.clone();
+        loop {
+            let mut state = at.lock();
+            let next = state.successor.as_ref().map(|s| s.shared.clone());
+            match next {
+                Some(next) => {
+                    drop(state);
+                    at = next;
+                }
+                None => return f(&at, &mut state),
+            }
+        }
     }
 
     /// Makes every request take the queue, even on an idle tree (for tests that check the
@@ -664,6 +838,7 @@ fn add_node(
             max_cost: *max_cost,
             requests: 0,
             cost: 0,
+            share: i64::MAX,
         },
         NodeKind::BandwidthLimit {
             max_speed,
@@ -741,8 +916,8 @@ impl Shared {
         if state.idle_grants_off || state.nodes[0].pending != 0 {
             return None;
         }
-        // The clock only for a throttler's tokens.
-        let now = state.nodes[leaf].throttled.then(|| self.clock.now());
+        // The clock only for a throttler's tokens, or a fleet's fence.
+        let now = (state.nodes[leaf].throttled || state.fence.is_some()).then(|| self.clock.now());
         let workload = grant_idle(state, leaf, cost, now)?;
         Some(Grant {
             leaf,
@@ -976,16 +1151,34 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
     active
 }
 
+/// Whether the scheduler is in a fleet whose fence has passed at `now`.
+fn is_fenced(state: &State, now: Instant) -> bool {
+    state.fence.as_ref().is_some_and(|f| !f.holds(now))
+}
+
+/// Puts a scheduler's state in a fleet behind `fence`: every `inflight_limit` holds no share
+/// until one is set.
+fn enter_fleet(state: &mut State, fence: Arc<Fence>) {
+    for node in &mut state.nodes {
+        if let RtKind::Inflight { share, .. } = &mut node.kind {
+            *share = 0;
+        }
+    }
+    state.fence = Some(fence);
+}
+
 /// Whether a constraint (`inflight_limit`, `bandwidth_limit`) lets a request through now;
-/// true for every other kind of node.
-fn lets_through(kind: &RtKind) -> bool {
+/// true for every other kind of node. `fenced`: the node is in a fleet and its lease is not
+/// certain to live (its `inflight_limit`s let nothing through).
+fn lets_through(kind: &RtKind, fenced: bool) -> bool {
     match kind {
         RtKind::Inflight {
             max_requests,
             max_cost,
             requests,
             cost,
-        } => requests < max_requests && cost < max_cost,
+            share,
+        } => !fenced && requests < max_requests.min(share) && cost < max_cost,
         RtKind::Bandwidth { tokens, .. } => *tokens >= 0.0,
         RtKind::Queue { .. } | RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
     }
@@ -997,7 +1190,7 @@ fn compute_active(state: &mut State, n: usize, now: Instant) -> bool {
     if let RtKind::Queue { queue, .. } = kind {
         return !queue.is_empty();
     }
-    if !lets_through(kind) {
+    if !lets_through(kind, is_fenced(state, now)) {
         return false;
     }
     (0..state.nodes[n].children.len()).any(|i| {
@@ -1070,6 +1263,7 @@ fn count_fair_served(
 /// channel. `None` when the tree is busy or a constraint on the path holds it: then it takes
 /// the queue like any other. `now` is read only when a throttler is on the path.
 fn grant_idle(state: &mut State, leaf: usize, cost: i64, now: Option<Instant>) -> Option<Arc<str>> {
+    let fenced = now.is_some_and(|now| is_fenced(state, now));
     let mut at = Some(leaf);
     while let Some(n) = at {
         let node = &mut state.nodes[n];
@@ -1079,7 +1273,7 @@ fn grant_idle(state: &mut State, leaf: usize, cost: i64, now: Option<Instant>) -
         let open = match &node.kind {
             // Enqueue would refuse it (a limit of zero waiters): let it.
             RtKind::Queue { max_queued, .. } => *max_queued > 0,
-            kind => lets_through(kind),
+            kind => lets_through(kind, fenced),
         };
         if !open {
             return None;

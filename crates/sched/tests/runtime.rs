@@ -547,3 +547,56 @@ async fn a_throttler_keeps_its_tokens_across_a_change() {
     drop(next);
     drop(new);
 }
+
+/// In a fleet a limit lets through only the node's share, only while its fence holds; a
+/// catalog change keeps the share; a new limit starts with none.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
+    let s = scheduler("CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8;");
+    let fence = sluice_sched::Fence::new();
+    s.join_fleet(fence.clone());
+    // No share yet, and no lease: nothing passes.
+    let mut first = s.acquire("all", 1).expect("queues");
+    assert!(!first.is_granted());
+    s.set_share("all", 2);
+    settle().await;
+    assert!(!first.is_granted(), "granted without a lease");
+    fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(5));
+    s.wake();
+    settle().await;
+    assert!(first.is_granted());
+    let second = s.acquire("all", 1).expect("granted");
+    let mut third = s.acquire("all", 1).expect("queues");
+    settle().await;
+    assert!(!third.is_granted(), "a third passed a share of 2");
+    assert_eq!(s.limits()[0].requests, 2);
+    // Past the fence: a freed slot is not reused.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    drop(second);
+    settle().await;
+    assert!(!third.is_granted(), "admitted past the fence");
+    fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(5));
+    s.wake();
+    settle().await;
+    assert!(third.is_granted());
+    // A catalog change keeps the share (2: one more waits); a new limit has none.
+    let next = s.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; CREATE WORKLOAD x IN all SETTINGS max_concurrent_queries = 1;",
+    ));
+    let mut fourth = next.acquire("x", 1).expect("queues");
+    settle().await;
+    assert!(!fourth.is_granted());
+    next.set_share("all", 3);
+    settle().await;
+    assert!(!fourth.is_granted(), "x has no share yet");
+    next.set_share("x", 1);
+    settle().await;
+    assert!(fourth.is_granted());
+    let shares: Vec<(String, i64)> = next
+        .limits()
+        .into_iter()
+        .map(|l| (l.workload, l.share))
+        .collect();
+    assert_eq!(shares, vec![("all".into(), 3), ("x".into(), 1)]);
+    drop((first, third, fourth));
+}

@@ -699,6 +699,12 @@ impl Admission {
                 resource: resource.clone(),
                 permit,
                 in_flight: series.admitted(arrived.elapsed()),
+                logged: self
+                    .shared
+                    .admission_log
+                    .as_ref()
+                    .filter(|_| snapshot.roles.query.as_deref() == Some(resource.as_str()))
+                    .map(|log| log.admitted(guard.query_id, workload)),
                 // A master thread's slot is the statement's slot 0 (its workers are 1..).
                 cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
                     .then_some(0),
@@ -868,6 +874,7 @@ impl Admission {
                         resource: resource.clone(),
                         permit,
                         in_flight: series.held(),
+                        logged: None,
                         cpu_slot: Some(threads),
                     });
                     threads += 1;

@@ -79,6 +79,7 @@ mod demotion_tests {
                     .metrics
                     .series(resource, workload)
                     .admitted(Duration::ZERO),
+                logged: None,
                 cpu_slot: None,
             });
         }

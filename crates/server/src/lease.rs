@@ -173,6 +173,7 @@ impl sluice_engine::CpuLease for SlotLease {
                 resource: resource.clone(),
                 permit,
                 in_flight,
+                logged: None,
                 cpu_slot: Some(slot),
             });
         Ok(())

@@ -19,15 +19,16 @@
 //! - [`operator`] (`KILL`/`MOVE QUERY`, signals), [`page`] (the live page's figures),
 //!   [`system`] (the `system.*` tables), [`record`] (a statement's query-log row and lane
 //!   runs), [`lease`] (CPU slots' leases under `cpu_slot_preemption`), [`demotion`] (the soft
-//!   deadline's timer), [`disk_gate`] (where a statement's file IO waits): each reads the
-//!   shared state.
+//!   deadline's timer), [`disk_gate`] (where a statement's file IO waits), [`fleet`] (joining
+//!   a fleet, following its catalog, keeping this node's shares of the QUERY limits): each
+//!   reads the shared state.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight; it assembles the parts below.
 //! - Below it, knowing nothing of `Shared`: [`registry`] (what is in flight: a statement's
 //!   `Process` entry, its `Grant` and `Attachment`s, its `Control`, the `Flag` signal, cancel
 //!   keys — the map of them is `Shared`'s), [`upstream`] (its options and pools),
 //!   [`params`] (bind parameters), [`lanes`] (the learned lanes' book), [`query_log`],
-//!   [`metrics`] (the registry of series), [`disks`] (which disk holds a file), [`memory`],
+//!   [`metrics`] (the registry of series), [`admission_log`], [`disks`] (which disk holds a file), [`memory`],
 //!   [`settings`] (query and start-up settings as sluice reads them), [`frame`] (the wire's
 //!   framing: messages read whole, writes batched per response), [`watch`], [`threads`],
 //!   [`auth`], [`encode`] (Arrow results as Postgres rows), [`error`] (the one mapping of
@@ -48,6 +49,7 @@
 //!
 //! Holds no scheduling logic: that is `sluice-sched`'s.
 
+pub mod admission_log;
 pub mod admit;
 pub mod auth;
 pub mod demotion;
@@ -55,6 +57,7 @@ pub mod disk_gate;
 pub mod disks;
 pub mod encode;
 pub mod error;
+pub mod fleet;
 pub mod forward;
 pub mod frame;
 pub mod http;
@@ -154,76 +157,7 @@ async fn drain(shared: &Shared) {
     }
 }
 
-/// Joins the fleet `[cluster]` names (nothing without one), as reachable at `address`; `serve`
-/// does it unless it was done before (the binary joins before it announces itself).
-pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Result<()> {
-    let Some(options) = &shared.options.cluster else {
-        return Ok(());
-    };
-    if shared.fleet.get().is_some() {
-        return Ok(());
-    }
-    let membership = sluice_cluster::Membership::join(options.clone(), address).await?;
-    // The fleet's catalog replaces the data dir's: read whole, then followed.
-    let store = membership.catalog();
-    let stored = store.load().await?;
-    shared.adopt_fleet_catalog(&stored).await?;
-    let _ = shared
-        .fleet_catalog
-        .set(state::FleetCatalog::new(store.clone(), stored.revision));
-    let _ = shared.fleet.set(membership);
-    tokio::spawn(follow_fleet_catalog(Arc::downgrade(shared), store));
-    Ok(())
-}
-
-/// Applies the fleet's catalog changes as etcd reports them, for as long as the server runs;
-/// when following breaks (etcd unreachable, a change this node cannot apply), the catalog is
-/// read whole again and followed from there.
-async fn follow_fleet_catalog(
-    shared: std::sync::Weak<Shared>,
-    store: sluice_cluster::CatalogStore,
-) {
-    loop {
-        let Some(from) = shared
-            .upgrade()
-            .and_then(|s| s.fleet_catalog.get().map(|f| *f.applied.borrow()))
-        else {
-            return;
-        };
-        let (sender, mut changes) = tokio::sync::mpsc::channel(64);
-        let follow = store.follow(from, sender);
-        tokio::pin!(follow);
-        let broke = loop {
-            tokio::select! {
-                ended = &mut follow => break ended.err(),
-                Some(followed) = changes.recv() => {
-                    let Some(shared) = shared.upgrade() else { return };
-                    if let Err(e) = shared.apply_followed(&followed).await {
-                        break Some(e);
-                    }
-                }
-            }
-        };
-        if let Some(e) = broke {
-            tracing::warn!("following the fleet's catalog: {e}; reading it whole again");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match store.load().await {
-            Ok(stored) => match shared.adopt_fleet_catalog(&stored).await {
-                Ok(()) => {
-                    if let Some(fleet) = shared.fleet_catalog.get() {
-                        fleet.applied.send_replace(stored.revision);
-                    }
-                }
-                Err(e) => tracing::error!("the fleet's catalog cannot be adopted: {e}"),
-            },
-            Err(e) => tracing::warn!("reading the fleet's catalog: {e}"),
-        }
-    }
-}
+pub use fleet::join_fleet;
 
 /// Serves clients from `listener` until `shutdown` completes, then drains (see [`drain`]).
 pub async fn serve(

@@ -118,6 +118,17 @@ impl Metrics {
             .clone()
     }
 
+    /// Queries in flight in each workload of `resource` (workloads with none left out).
+    pub fn in_flight(&self, resource: &str) -> Vec<(String, i64)> {
+        let all = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(resource)
+            .into_iter()
+            .flatten()
+            .map(|(w, s)| (w.clone(), s.in_flight.load(Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
         let series: Vec<(String, String, Arc<Series>)> = self

@@ -322,6 +322,9 @@ impl Grant {
 #[derive(Debug)]
 pub struct Attachment {
     pub resource: String,
+    /// `server.admission_log`'s record of a QUERY slot (before `permit`: logged as given back
+    /// just before it is, so that the next query the slot admits is logged after it).
+    pub logged: Option<crate::admission_log::Logged>,
     pub permit: sluice_sched::Permit,
     pub in_flight: crate::metrics::Gauge,
     /// The CPU slot it is of the statement's (0: the master thread's, 1..: worker threads'),

@@ -53,6 +53,8 @@ pub struct ServerOptions {
     /// `server.connection_threads`: threads client connections run on, a runtime each
     /// ([`crate::threads`]); 0 runs them on the runtime `serve` is called on.
     pub connection_threads: usize,
+    /// `server.admission_log`: where every QUERY slot granted and given back is logged.
+    pub admission_log: Option<std::path::PathBuf>,
     /// `[cluster]`: the fleet on etcd this node joins (`None`: it runs alone).
     pub cluster: Option<sluice_cluster::ClusterOptions>,
 }
@@ -109,6 +111,7 @@ impl ServerOptions {
             engine_memory_ratio: DEFAULT_ENGINE_MEMORY_RATIO,
             upstream: None,
             connection_threads: 0,
+            admission_log: None,
             cluster: None,
         }
     }
@@ -166,8 +169,13 @@ impl Roles {
 }
 
 impl Snapshot {
-    fn new(catalog: Catalog, trees: SchedulerTrees, previous: Option<&Snapshot>) -> Snapshot {
-        let schedulers = schedulers(&trees, previous);
+    fn new(
+        catalog: Catalog,
+        trees: SchedulerTrees,
+        previous: Option<&Snapshot>,
+        fleet: Option<&Arc<sluice_sched::Fence>>,
+    ) -> Snapshot {
+        let schedulers = schedulers(&trees, previous, fleet);
         let memory = memory_schedulers(&trees, previous);
         let roles = Roles::of(&catalog);
         Snapshot {
@@ -222,6 +230,11 @@ pub struct Shared {
     pub fleet: std::sync::OnceLock<sluice_cluster::Membership>,
     /// In a fleet: the catalog in etcd, and the revision of the last change applied here.
     pub fleet_catalog: std::sync::OnceLock<FleetCatalog>,
+    /// In a fleet: until when this node may use its shares of the QUERY resource's limits
+    /// (every QUERY scheduler is in the fleet behind it: see `crate::fleet`).
+    pub fleet_fence: std::sync::OnceLock<Arc<sluice_sched::Fence>>,
+    /// `server.admission_log`, open.
+    pub admission_log: Option<Arc<crate::admission_log::AdmissionLog>>,
     storage: DiskStorage,
     current: RwLock<Arc<Snapshot>>,
     /// DDL is applied one statement at a time.
@@ -268,7 +281,25 @@ impl Shared {
                 .filter(|u| u.options.auth_query.is_some())
                 .map(|u| u as Arc<dyn crate::auth::VerifierLookup>),
         });
+        let admission_log = match &options.admission_log {
+            Some(path) => {
+                let node = options
+                    .cluster
+                    .as_ref()
+                    .map_or("local", |c| c.node.as_str());
+                Some(
+                    crate::admission_log::AdmissionLog::open(path, node).map_err(|e| {
+                        Error::new(
+                            ErrorCode::BadArguments,
+                            format!("server.admission_log {}: {e}", path.display()),
+                        )
+                    })?,
+                )
+            }
+            None => None,
+        };
         Ok(Arc::new(Shared {
+            admission_log,
             engine: Arc::new(engine),
             lanes,
             query_log,
@@ -276,6 +307,7 @@ impl Shared {
             upstream,
             fleet: std::sync::OnceLock::new(),
             fleet_catalog: std::sync::OnceLock::new(),
+            fleet_fence: std::sync::OnceLock::new(),
             users,
             logins,
             tls,
@@ -283,7 +315,7 @@ impl Shared {
             metrics: Arc::default(),
             options,
             storage,
-            current: RwLock::new(Arc::new(Snapshot::new(catalog, trees, None))),
+            current: RwLock::new(Arc::new(Snapshot::new(catalog, trees, None, None))),
             ddl: tokio::sync::Mutex::new(()),
             registry: Arc::default(),
             phase: tokio::sync::watch::Sender::new(Phase::Serving),
@@ -335,7 +367,7 @@ impl Shared {
             change,
             self.options.machine,
         )?;
-        let mut next = Snapshot::new(catalog, trees, Some(current));
+        let mut next = Snapshot::new(catalog, trees, Some(current), self.fleet_fence.get());
         next.fleet_version = fleet_version;
         let next = Arc::new(next);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
@@ -410,7 +442,7 @@ impl Shared {
         let trees = compile(&catalog, self.options.machine)?;
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();
-        let mut next = Snapshot::new(catalog, trees, Some(&current));
+        let mut next = Snapshot::new(catalog, trees, Some(&current), self.fleet_fence.get());
         next.fleet_version = stored.version;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
         tracing::info!(
@@ -454,6 +486,7 @@ impl Shared {
                     current.catalog.clone(),
                     current.trees.clone(),
                     Some(&current),
+                    self.fleet_fence.get(),
                 );
                 same.fleet_version = followed.revision;
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(same);
@@ -693,13 +726,15 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// A scheduler per QUERY, CPU and IO resource (memory is not scheduled yet). A tree that did not change keeps its scheduler (and with it
+/// A scheduler per QUERY, CPU and IO resource (memory is not scheduled yet); in a fleet
+/// (`fleet`: its fence), the QUERY ones admit within this node's shares. A tree that did not change keeps its scheduler (and with it
 /// the queries waiting and running in it); a changed tree gets a new scheduler that takes over
 /// the old one's waiting queries and in-flight counts ([`ResourceScheduler::succeed`]); the
 /// scheduler of a resource that is gone fails its waiting queries.
 fn schedulers(
     trees: &SchedulerTrees,
     previous: Option<&Snapshot>,
+    fleet: Option<&Arc<sluice_sched::Fence>>,
 ) -> BTreeMap<String, ResourceScheduler> {
     let mut out = BTreeMap::new();
     let held = |t: &&sluice_sched::ResourceTree| {
@@ -723,7 +758,15 @@ fn schedulers(
                     scheduler.succeed(tree)
                 }
             }
-            None => ResourceScheduler::new(tree, Arc::new(TokioClock)),
+            None => {
+                let scheduler = ResourceScheduler::new(tree, Arc::new(TokioClock));
+                // In a fleet a new QUERY tree's limits hold no share until the fleet grants
+                // one (a successor inherits its predecessor's shares).
+                if let (Some(fence), CostUnit::QuerySlot) = (fleet, tree.unit) {
+                    scheduler.join_fleet(fence.clone());
+                }
+                scheduler
+            }
         };
         out.insert(tree.resource.clone(), scheduler);
     }

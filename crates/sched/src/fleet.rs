@@ -1,0 +1,286 @@
+//! Dividing the `inflight_limit`s of a time-shared tree (the QUERY resource's
+//! `max_concurrent_queries`) among the nodes of a fleet.
+//!
+//! Each node publishes its demand: for each leaf workload, the queries it has waiting and
+//! running. Every node runs [`allot`] on the same published demand and the same tree and so
+//! reaches the same division: the slots of each limited workload go first to demand, in the
+//! order one node's scheduler would grant them if the whole fleet's queries were queued on it
+//! (strict priority between children of different `priority`, slots in proportion to
+//! `weight` among children of one priority, nested limits respected), and what demand leaves
+//! of a limit is spread evenly over the live nodes, so that a query arriving anywhere on an
+//! idle fleet is admitted at once, without asking etcd.
+//!
+//! [`allot`] says where slots *should* be; it guarantees nothing. What holds the limit is
+//! the share protocol (`sluice-cluster`'s share book): a node uses only the share etcd
+//! granted it, and a share grows only by a transaction that keeps the shares' sum within the
+//! limit. A division computed on a stale view costs only promptness.
+//!
+//! `outranked_share` is not divided (its credits are per node): across nodes, priority is
+//! strict.
+
+use std::collections::BTreeMap;
+
+use crate::tree::{Node, NodeKind, ResourceTree};
+
+/// Per node name, per leaf workload: queries waiting and running there.
+pub type Demand = BTreeMap<String, BTreeMap<String, i64>>;
+
+/// Per limited workload, per node: the slots that node should hold.
+pub type Allotment = BTreeMap<String, BTreeMap<String, i64>>;
+
+/// A workload of the tree, as the division sees it.
+#[derive(Debug)]
+struct Workload {
+    name: String,
+    weight: f64,
+    priority: i64,
+    /// `max_requests` of its `inflight_limit`, if it has one.
+    limit: Option<i64>,
+    children: Vec<Workload>,
+}
+
+fn workload(node: &Node) -> Workload {
+    let mut out = Workload {
+        name: node.basename.clone(),
+        weight: if node.weight > 0.0 { node.weight } else { 1.0 },
+        priority: node.priority,
+        limit: None,
+        children: Vec::new(),
+    };
+    // Below a workload: its throttler, its semaphore, then a queue or the nodes grouping
+    // its children (which are workloads again).
+    fn below(node: &Node, out: &mut Workload) {
+        for child in &node.children {
+            match child.kind {
+                NodeKind::Workload => out.children.push(workload(child)),
+                NodeKind::InflightLimit { max_requests, .. } => {
+                    out.limit = Some(out.limit.map_or(max_requests, |l| l.min(max_requests)));
+                    below(child, out);
+                }
+                _ => below(child, out),
+            }
+        }
+    }
+    below(node, &mut out);
+    out
+}
+
+/// Where each limited workload's slots should be, given every node's demand (see the module
+/// docs). `nodes`: the fleet's live members; demand of other names is ignored.
+pub fn allot(tree: &ResourceTree, nodes: &[String], demand: &Demand) -> Allotment {
+    let mut out = Allotment::new();
+    let Some(root) = &tree.root else { return out };
+    if nodes.is_empty() {
+        return out;
+    }
+    let root = workload(root);
+    let mut state = Division {
+        remaining: BTreeMap::new(),
+        given: BTreeMap::new(),
+        under: BTreeMap::new(),
+    };
+    for node in nodes {
+        for (leaf, wanted) in demand.get(node).into_iter().flatten() {
+            if *wanted > 0 {
+                state
+                    .remaining
+                    .insert((leaf.clone(), node.clone()), *wanted);
+            }
+        }
+    }
+    while state.give(&root).is_some() {}
+    collect(&root, nodes, &state, &mut out);
+    out
+}
+
+struct Division {
+    /// Demand not yet given a slot, per (leaf, node).
+    remaining: BTreeMap<(String, String), i64>,
+    /// Slots given, per (leaf, node).
+    given: BTreeMap<(String, String), i64>,
+    /// Slots given anywhere below each workload.
+    under: BTreeMap<String, i64>,
+}
+
+impl Division {
+    fn under(&self, w: &str) -> i64 {
+        self.under.get(w).copied().unwrap_or(0)
+    }
+
+    /// Gives one slot below `w`, as a scheduler would dequeue: the leaf and node it went to.
+    fn give(&mut self, w: &Workload) -> Option<(String, String)> {
+        if w.limit.is_some_and(|l| self.under(&w.name) >= l) {
+            return None;
+        }
+        let given = if w.children.is_empty() {
+            // The node with demand left that holds the fewest slots of this leaf (ties: name).
+            let node = self
+                .remaining
+                .iter()
+                .filter(|((leaf, _), left)| *leaf == w.name && **left > 0)
+                .map(|((_, node), _)| node.clone())
+                .min_by_key(|node| {
+                    (
+                        self.given
+                            .get(&(w.name.clone(), node.clone()))
+                            .copied()
+                            .unwrap_or(0),
+                        node.clone(),
+                    )
+                })?;
+            let key = (w.name.clone(), node.clone());
+            *self.remaining.get_mut(&key)? -= 1;
+            *self.given.entry(key).or_default() += 1;
+            (w.name.clone(), node)
+        } else {
+            // Strict priority between groups; within one, the child furthest below its
+            // weight's proportion of the group's slots first.
+            let mut children: Vec<&Workload> = w.children.iter().collect();
+            children.sort_by(|a, b| {
+                a.priority.cmp(&b.priority).then_with(|| {
+                    let (ra, rb) = (
+                        self.under(&a.name) as f64 / a.weight,
+                        self.under(&b.name) as f64 / b.weight,
+                    );
+                    ra.total_cmp(&rb).then_with(|| a.name.cmp(&b.name))
+                })
+            });
+            children.into_iter().find_map(|c| self.give(c))?
+        };
+        *self.under.entry(w.name.clone()).or_default() += 1;
+        Some(given)
+    }
+
+    /// Slots given below `w` at `node`.
+    fn at(&self, w: &Workload, node: &str) -> i64 {
+        if w.children.is_empty() {
+            self.given
+                .get(&(w.name.clone(), node.to_string()))
+                .copied()
+                .unwrap_or(0)
+        } else {
+            w.children.iter().map(|c| self.at(c, node)).sum()
+        }
+    }
+}
+
+/// Each limited workload's slots per node: what demand was given, and the rest spread evenly
+/// (the first nodes of a rotation that starts at a place of the workload's own, so that one
+/// node does not get every odd slot of every workload).
+fn collect(w: &Workload, nodes: &[String], state: &Division, out: &mut Allotment) {
+    if let Some(limit) = w.limit {
+        let mut shares: BTreeMap<String, i64> =
+            nodes.iter().map(|n| (n.clone(), state.at(w, n))).collect();
+        let left = (limit - state.under(&w.name)).max(0);
+        let count = nodes.len() as i64;
+        let start = w
+            .name
+            .bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        for (i, node) in nodes.iter().enumerate() {
+            let place = ((i + nodes.len() - start % nodes.len()) % nodes.len()) as i64;
+            let extra = left / count + i64::from(place < left % count);
+            *shares.get_mut(node).expect("every node has a share") += extra;
+        }
+        out.insert(w.name.clone(), shares);
+    }
+    for child in &w.children {
+        collect(child, nodes, state, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{compile, Machine};
+    use sluice_catalog::Catalog;
+
+    fn tree(ddl: &str) -> ResourceTree {
+        let mut catalog = Catalog::new();
+        for item in sluice_sql::parse_script(ddl) {
+            catalog
+                .apply_mut(&item.result.expect("parses"))
+                .expect("applies");
+        }
+        let trees = compile(
+            &catalog,
+            Machine {
+                cores: 4,
+                memory: 1 << 30,
+            },
+        )
+        .expect("compiles");
+        trees.tree("q").expect("the query resource").clone()
+    }
+
+    fn demand(rows: &[(&str, &str, i64)]) -> Demand {
+        let mut out = Demand::new();
+        for (node, leaf, n) in rows {
+            out.entry(node.to_string())
+                .or_default()
+                .insert(leaf.to_string(), *n);
+        }
+        out
+    }
+
+    fn nodes() -> Vec<String> {
+        vec!["a".into(), "b".into(), "c".into()]
+    }
+
+    #[test]
+    fn an_idle_fleet_spreads_a_limit_evenly_and_demand_takes_it_over() {
+        let t = tree(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8;",
+        );
+        let idle = allot(&t, &nodes(), &Demand::new());
+        assert_eq!(idle["all"].values().sum::<i64>(), 8);
+        assert!(
+            idle["all"].values().all(|s| (2..=3).contains(s)),
+            "{idle:?}"
+        );
+        let busy = allot(&t, &nodes(), &demand(&[("b", "all", 20)]));
+        assert_eq!(busy["all"]["b"], 8);
+        let split = allot(&t, &nodes(), &demand(&[("a", "all", 2), ("b", "all", 20)]));
+        assert_eq!(
+            (split["all"]["a"], split["all"]["b"], split["all"]["c"]),
+            (2, 6, 0)
+        );
+    }
+
+    #[test]
+    fn weights_and_priorities_hold_across_nodes() {
+        let t = tree(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
+             CREATE WORKLOAD x IN all SETTINGS weight = 3; CREATE WORKLOAD y IN all SETTINGS weight = 1;",
+        );
+        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]));
+        assert_eq!((a["all"]["a"], a["all"]["b"]), (6, 2), "{a:?}");
+        let t = tree(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
+             CREATE WORKLOAD high IN all SETTINGS priority = 0; CREATE WORKLOAD low IN all SETTINGS priority = 1;",
+        );
+        let a = allot(&t, &nodes(), &demand(&[("a", "high", 5), ("b", "low", 50)]));
+        assert_eq!((a["all"]["a"], a["all"]["b"]), (5, 3), "{a:?}");
+        let a = allot(
+            &t,
+            &nodes(),
+            &demand(&[("a", "high", 50), ("b", "low", 50)]),
+        );
+        assert_eq!((a["all"]["a"], a["all"]["b"]), (8, 0), "{a:?}");
+    }
+
+    #[test]
+    fn nested_limits_are_divided_each_within_its_own() {
+        let t = tree(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
+             CREATE WORKLOAD x IN all SETTINGS max_concurrent_queries = 2; CREATE WORKLOAD y IN all;",
+        );
+        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]));
+        assert_eq!((a["all"]["a"], a["all"]["b"]), (2, 6), "{a:?}");
+        assert_eq!(a["x"]["a"], 2, "{a:?}");
+        assert_eq!(a["x"].values().sum::<i64>(), 2);
+        for shares in a.values() {
+            assert!(shares.values().all(|s| *s >= 0));
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! `server.admission_log`: a file of every QUERY slot granted and given back, one line each,
+//! `admit|release UNIX_MICROS NODE QUERY_ID WORKLOAD`, appended as it happens. Several nodes'
+//! logs merged by time show how many queries a fleet ran at once (the fleet's tests count
+//! from it); off unless configured.
+//!
+//! Each grant is written just after the scheduler granted it, each release just before the
+//! slot is given back: a logged interval lies within the real one, so the next query a
+//! released slot admits on this node is logged after the release.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The log file of this node.
+#[derive(Debug)]
+pub struct AdmissionLog {
+    file: Mutex<std::fs::File>,
+    node: String,
+}
+
+/// One granted slot, logged as given back when dropped (just before the permit it stands
+/// beside).
+#[derive(Debug)]
+pub struct Logged {
+    log: Arc<AdmissionLog>,
+    query_id: u64,
+    workload: Arc<str>,
+}
+
+impl AdmissionLog {
+    /// Opens (appends to) `path`; `node` names this node in each line.
+    pub fn open(path: &Path, node: &str) -> std::io::Result<Arc<AdmissionLog>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Arc::new(AdmissionLog {
+            file: Mutex::new(file),
+            node: node.to_string(),
+        }))
+    }
+
+    fn line(&self, what: &str, query_id: u64, workload: &str) {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let line = format!("{what} {micros} {} {query_id} {workload}\n", self.node);
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            tracing::warn!("server.admission_log: {e}");
+        }
+    }
+
+    /// Logs a slot granted to statement `query_id` of `workload`.
+    pub fn admitted(self: &Arc<Self>, query_id: u64, workload: &Arc<str>) -> Logged {
+        self.line("admit", query_id, workload);
+        Logged {
+            log: self.clone(),
+            query_id,
+            workload: workload.clone(),
+        }
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.log.line("release", self.query_id, &self.workload);
+    }
+}

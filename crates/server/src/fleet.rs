@@ -1,0 +1,306 @@
+//! This node in a fleet (`[cluster]`): joining it, following its catalog, and keeping this
+//! node's shares of the QUERY resource's limits.
+//!
+//! The shares. Every `inflight_limit` of the QUERY tree (`max_concurrent_queries`) holds
+//! across the fleet: each node admits locally, without a round trip, within the share of the
+//! limit that etcd stored for it (`sluice_cluster::ShareBook`, whose invariant is that a
+//! limit's shares never sum above it), and only while its lease certainly lives (the
+//! scheduler's `Fence`). The keeper here moves the shares with demand, as often as every
+//! [`TICK`] or at once on a change of what the fleet published:
+//!
+//! 1. it publishes this node's demand (per leaf workload: queries waiting and running,
+//!    capped at the largest limit: beyond it more demand changes nothing) when it changed;
+//! 2. it divides each limit over the live nodes by everyone's demand
+//!    (`sluice_sched::fleet::allot`: every node reaches the same division);
+//! 3. a share above its target is lowered: first in the scheduler (nothing more is admitted
+//!    beyond the target), then in etcd, to no less than the queries it still has running;
+//!    a share below its target grows: first in etcd (a transaction within the limit), then
+//!    in the scheduler.
+//!
+//! So at every moment, for every limit: queries admitted on a node ≤ its share in etcd, and
+//! the shares in etcd ≤ the limit. A lost lease takes the node's shares with it (etcd deletes
+//! its keys); the node's fence passed before that, and it starts again from no share under a
+//! new lease.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sluice_cluster::{FleetView, LeaseState, ShareBook};
+use sluice_sched::fleet::{allot, Demand};
+
+use crate::state::Shared;
+
+/// How often the keeper looks at local demand when nothing else woke it.
+pub const TICK: Duration = Duration::from_millis(20);
+
+/// Joins the fleet `[cluster]` names (nothing without one), as reachable at `address`;
+/// `serve` does it unless it was done before (the binary joins before it announces itself).
+pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Result<()> {
+    let Some(options) = &shared.options.cluster else {
+        return Ok(());
+    };
+    if shared.fleet.get().is_some() {
+        return Ok(());
+    }
+    let membership = sluice_cluster::Membership::join(options.clone(), address).await?;
+    // Every QUERY scheduler from now on admits within shares (none yet: the keeper grants).
+    let fence = sluice_sched::Fence::new();
+    if shared.fleet_fence.set(fence.clone()).is_ok() {
+        let snapshot = shared.snapshot();
+        if let Some((_, scheduler)) = snapshot.query_slot() {
+            scheduler.join_fleet(fence.clone());
+        }
+    }
+    // The fleet's catalog replaces the data dir's: read whole, then followed.
+    let store = membership.catalog();
+    let stored = store.load().await?;
+    shared.adopt_fleet_catalog(&stored).await?;
+    let _ = shared.fleet_catalog.set(crate::state::FleetCatalog::new(
+        store.clone(),
+        stored.revision,
+    ));
+    let book = membership.share_book();
+    let alive = membership.alive();
+    let _ = shared.fleet.set(membership);
+    tokio::spawn(follow_fleet_catalog(Arc::downgrade(shared), store));
+    tokio::spawn(keep_shares(Arc::downgrade(shared), book, alive, fence));
+    Ok(())
+}
+
+/// Applies the fleet's catalog changes as etcd reports them, for as long as the server runs;
+/// when following breaks (etcd unreachable, a change this node cannot apply), the catalog is
+/// read whole again and followed from there.
+async fn follow_fleet_catalog(shared: Weak<Shared>, store: sluice_cluster::CatalogStore) {
+    loop {
+        let Some(from) = shared
+            .upgrade()
+            .and_then(|s| s.fleet_catalog.get().map(|f| *f.applied.borrow()))
+        else {
+            return;
+        };
+        let (sender, mut changes) = tokio::sync::mpsc::channel(64);
+        let follow = store.follow(from, sender);
+        tokio::pin!(follow);
+        let broke = loop {
+            tokio::select! {
+                ended = &mut follow => break ended.err(),
+                Some(followed) = changes.recv() => {
+                    let Some(shared) = shared.upgrade() else { return };
+                    if let Err(e) = shared.apply_followed(&followed).await {
+                        break Some(e);
+                    }
+                }
+            }
+        };
+        if let Some(e) = broke {
+            tracing::warn!("following the fleet's catalog: {e}; reading it whole again");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match store.load().await {
+            Ok(stored) => match shared.adopt_fleet_catalog(&stored).await {
+                Ok(()) => {
+                    if let Some(fleet) = shared.fleet_catalog.get() {
+                        fleet.applied.send_replace(stored.revision);
+                    }
+                }
+                Err(e) => tracing::error!("the fleet's catalog cannot be adopted: {e}"),
+            },
+            Err(e) => tracing::warn!("reading the fleet's catalog: {e}"),
+        }
+    }
+}
+
+/// What the keeper remembers between rounds.
+struct Keeper {
+    book: ShareBook,
+    fence: Arc<sluice_sched::Fence>,
+    /// The lease the shares in `held` are under.
+    lease: i64,
+    /// This node's shares as stored in etcd, by workload.
+    held: BTreeMap<String, i64>,
+    /// The demand last published.
+    published: Option<String>,
+    /// Whether the fence held at the last round (to log and wake on a change).
+    fenced: bool,
+}
+
+/// Keeps this node's shares (see the module docs) for as long as the server runs.
+async fn keep_shares(
+    shared: Weak<Shared>,
+    book: ShareBook,
+    mut alive: tokio::sync::watch::Receiver<LeaseState>,
+    fence: Arc<sluice_sched::Fence>,
+) {
+    let (view_tx, mut view) = tokio::sync::watch::channel(FleetView::default());
+    let follower = book.clone();
+    let following = tokio::spawn(async move { follower.follow(view_tx).await });
+    let mut keeper = Keeper {
+        book,
+        fence,
+        lease: alive.borrow().lease,
+        held: BTreeMap::new(),
+        published: None,
+        fenced: true,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = view.changed() => if changed.is_err() { break },
+            changed = alive.changed() => if changed.is_err() { break },
+        }
+        let Some(shared) = shared.upgrade() else {
+            break;
+        };
+        let lease = *alive.borrow_and_update();
+        let fleet = view.borrow_and_update().clone();
+        if let Err(e) = keeper.round(&shared, lease, &fleet).await {
+            tracing::warn!("keeping the fleet's shares: {e}");
+        }
+    }
+    following.abort();
+}
+
+impl Keeper {
+    async fn round(
+        &mut self,
+        shared: &Shared,
+        lease: LeaseState,
+        fleet: &FleetView,
+    ) -> sluice_sql::Result<()> {
+        let snapshot = shared.snapshot();
+        let Some((resource, scheduler)) = snapshot.query_slot() else {
+            return Ok(());
+        };
+        // The fence first: it is what stops admission when the lease is in doubt.
+        match lease.until {
+            Some(until) => self.fence.hold_until(until),
+            None => self.fence.lift(),
+        }
+        let fenced = lease.until.is_none_or(|u| u <= tokio::time::Instant::now());
+        if fenced != self.fenced {
+            if fenced {
+                tracing::warn!(lease = lease.lease, "the fleet's fence passed: this node admits nothing on the fleet's limits until its lease is renewed");
+            } else {
+                tracing::info!(
+                    lease = lease.lease,
+                    "this node's lease is certain again: it admits within its shares"
+                );
+                scheduler.wake();
+            }
+            self.fenced = fenced;
+        }
+        if lease.lease != self.lease {
+            // A new lease: the old one's keys (demand, shares) went with it.
+            self.lease = lease.lease;
+            self.held.clear();
+            self.published = None;
+            for limit in scheduler.limits() {
+                scheduler.set_share(&limit.workload, 0);
+            }
+        }
+        if fenced {
+            return Ok(());
+        }
+        let limits = scheduler.limits();
+        let this = shared.fleet.get().map(|m| m.name().to_string());
+        let Some(this) = this else { return Ok(()) };
+        // 1. This node's demand, published when it changed.
+        let cap = limits.iter().map(|l| l.max_requests).max().unwrap_or(0);
+        let mut demand: BTreeMap<String, i64> = BTreeMap::new();
+        for (workload, waiting) in scheduler.queue_lengths() {
+            *demand.entry(workload).or_default() += waiting as i64;
+        }
+        for (workload, running) in shared.metrics.in_flight(resource) {
+            *demand.entry(workload).or_default() += running;
+        }
+        let text: String = demand
+            .iter()
+            .map(|(w, n)| format!("{w}\t{}\n", (*n).min(cap)))
+            .collect();
+        if self.published.as_deref() != Some(text.as_str()) {
+            self.book.publish_demand(lease.lease, &text).await?;
+            self.published = Some(text.clone());
+        }
+        // 2. The division, on what the fleet published (this node's own demand as it is now).
+        let nodes: Vec<String> = shared
+            .fleet
+            .get()
+            .map(|m| m.nodes().into_iter().map(|n| n.name).collect())
+            .unwrap_or_default();
+        let mut everyone: Demand = fleet
+            .demand
+            .iter()
+            .map(|(node, text)| (node.clone(), parse_demand(text)))
+            .collect();
+        everyone.insert(this.clone(), parse_demand(&text));
+        let Some(tree) = snapshot.trees.tree(resource) else {
+            return Ok(());
+        };
+        let division = allot(tree, &nodes, &everyone);
+        // 3. Each limit's share toward its target.
+        for limit in &limits {
+            let target = division
+                .get(&limit.workload)
+                .and_then(|d| d.get(&this))
+                .copied()
+                .unwrap_or(0);
+            let held = self.held.get(&limit.workload).copied().unwrap_or(0);
+            if target < held {
+                if limit.share != target {
+                    scheduler.set_share(&limit.workload, target);
+                }
+                let to = target.max(limit.requests).min(held);
+                if to < held {
+                    self.book.lower(lease.lease, &limit.workload, to).await?;
+                    self.held.insert(limit.workload.clone(), to);
+                }
+            } else if target > held {
+                let grown = self
+                    .book
+                    .grow(
+                        lease.lease,
+                        &limit.workload,
+                        target,
+                        limit.max_requests,
+                        snapshot.fleet_version,
+                    )
+                    .await?;
+                let now = grown.unwrap_or(held);
+                self.held.insert(limit.workload.clone(), now);
+                if limit.share != now {
+                    scheduler.set_share(&limit.workload, now);
+                }
+            } else if limit.share != held {
+                scheduler.set_share(&limit.workload, held);
+            }
+        }
+        // Shares of limits that are gone (a workload dropped or no longer limited).
+        let gone: Vec<String> = self
+            .held
+            .keys()
+            .filter(|w| !limits.iter().any(|l| &l.workload == *w))
+            .cloned()
+            .collect();
+        for workload in gone {
+            self.book.lower(lease.lease, &workload, 0).await?;
+            self.held.remove(&workload);
+        }
+        Ok(())
+    }
+}
+
+/// A node's published demand: `workload<TAB>count` lines.
+fn parse_demand(text: &str) -> BTreeMap<String, i64> {
+    text.lines()
+        .filter_map(|line| {
+            let (workload, count) = line.rsplit_once('\t')?;
+            Some((workload.to_string(), count.parse().ok()?))
+        })
+        .collect()
+}
