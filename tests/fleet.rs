@@ -204,23 +204,61 @@ fn ddl_on_one_node_reaches_every_node_and_a_race_has_one_winner() {
 }
 
 /// The merged admission logs of `nodes`: (micros, +1 admit / -1 release, node), in time
-/// order (a release before an admission at the same microsecond).
-fn admissions(dir: &Path, nodes: &[&str]) -> Vec<(u64, i64, String)> {
+/// order (a release before an admission at the same microsecond). A query counts until its
+/// release, or until its node's fence passed (a `fence` line) or the node died (`deaths`:
+/// node, micros), whichever is first (docs/fleet.md, the guarantee).
+fn admissions(dir: &Path, nodes: &[&str], deaths: &[(&str, u64)]) -> Vec<(u64, i64, String)> {
     let mut events = Vec::new();
     for node in nodes {
         let text =
             std::fs::read_to_string(dir.join(format!("{node}.admissions"))).unwrap_or_default();
-        for line in text.lines() {
-            let mut parts = line.split(' ');
-            let (Some(what), Some(at)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let at: u64 = at.parse().expect("micros");
-            events.push((at, if what == "admit" { 1 } else { -1 }, node.to_string()));
+        let mut lines: Vec<(u64, &str, &str)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.split(' ');
+                let what = parts.next()?;
+                let at: u64 = parts.next()?.parse().ok()?;
+                let _node = parts.next()?;
+                Some((at, what, parts.next()?))
+            })
+            .collect();
+        if let Some((_, at)) = deaths.iter().find(|(n, _)| n == node) {
+            lines.push((*at, "fence", "0"));
+        }
+        lines.sort_by_key(|l| l.0);
+        // Queries running (by id); a fence ends them all.
+        let mut running = std::collections::BTreeSet::new();
+        for (at, what, id) in lines {
+            match what {
+                "admit" => {
+                    running.insert(id);
+                    events.push((at, 1, node.to_string()));
+                }
+                "release" => {
+                    if running.remove(id) {
+                        events.push((at, -1, node.to_string()));
+                    }
+                }
+                _ => {
+                    for _ in running.iter() {
+                        events.push((at, -1, node.to_string()));
+                    }
+                    running.clear();
+                }
+            }
         }
     }
     events.sort();
     events
+}
+
+/// Lines of kind `what` in `node`'s admission log.
+fn logged(dir: &Path, node: &str, what: &str) -> usize {
+    std::fs::read_to_string(dir.join(format!("{node}.admissions")))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{what} ")))
+        .count()
 }
 
 /// The most queries running at once in `events`, and the average number running between
@@ -320,7 +358,7 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
         failed.len(),
         failed.first()
     );
-    let events = admissions(dir.path(), &nodes);
+    let events = admissions(dir.path(), &nodes, &[]);
     let admitted = events.iter().filter(|e| e.1 == 1).count() as u64;
     let released = events.iter().filter(|e| e.1 == -1).count() as u64;
     // Only the clients' statements take a QUERY slot (psql's DDL and checks do not name it).
@@ -348,4 +386,121 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
         by_node.iter().all(|n| *n > 0),
         "a node admitted nothing: {by_node:?}"
     );
+}
+
+/// Runs `clients` clients spread over `ports` until `deadline`, each `SELECT pg_sleep(0.02)`
+/// in workload `all` in a loop; a client whose node goes away stops. Answers and errors.
+async fn clients_until(
+    ports: Vec<u16>,
+    clients: usize,
+    deadline: tokio::time::Instant,
+) -> (u64, u64) {
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let port = ports[i % ports.len()];
+        tasks.push(tokio::spawn(async move {
+            let Ok((client, connection)) = tokio_postgres::connect(
+                &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+                tokio_postgres::NoTls,
+            )
+            .await
+            else {
+                return (0, 1);
+            };
+            tokio::spawn(connection);
+            let mut answered = 0;
+            while tokio::time::Instant::now() < deadline {
+                let query = client.simple_query("SELECT pg_sleep(0.02) SETTINGS workload = 'all'");
+                match tokio::time::timeout_at(deadline + Duration::from_secs(2), query).await {
+                    Ok(Ok(_)) => answered += 1,
+                    _ => return (answered, 1),
+                }
+            }
+            (answered, 0)
+        }));
+    }
+    let (mut answered, mut failed) = (0, 0);
+    for task in tasks {
+        let (a, f) = task.await.expect("client");
+        answered += a;
+        failed += f;
+    }
+    (answered, failed)
+}
+
+/// Issue 37's faults: a node paused (SIGSTOP) for longer than its lease, then resumed, must
+/// not admit on shares the others took meanwhile (its fence passed: it logs so), and the others
+/// run the limit while it is paused; a node killed (SIGKILL) gives its capacity back once its
+/// lease expires. Throughout, the merged logs never show more than the limit
+/// running (a query counting until it ends, or until its node's fence passed or it died).
+#[test]
+fn a_paused_or_killed_node_never_makes_the_fleet_exceed_its_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(dir.path(), 3);
+    let nodes = ["n1", "n2", "n3"];
+    let mut started: Vec<_> = nodes
+        .iter()
+        .map(|n| start(dir.path(), &etcd, n, 2))
+        .collect();
+    let ports: Vec<u16> = started.iter().map(|(_, p)| *p).collect();
+    run(ports[0], "CREATE RESOURCE q (QUERY)").expect("resource");
+    run(
+        ports[0],
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8",
+    )
+    .expect("workload");
+    for port in &ports {
+        says(*port, "SELECT count(*) FROM system.workloads", "1");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let began = micros_now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(16);
+    let n3 = started[2].0 .0.id().to_string();
+    let work = runtime.spawn(clients_until(ports.clone(), 60, deadline));
+    let signal = |sig: &str, pid: &str| {
+        let status = Command::new("kill")
+            .args([sig, pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    // n3 paused for 4 s: twice its lease.
+    signal("-STOP", &n3);
+    let stopped = micros_now();
+    std::thread::sleep(Duration::from_secs(4));
+    signal("-CONT", &n3);
+    std::thread::sleep(Duration::from_secs(3));
+    // n2 killed; its lease expires within 2 s.
+    started[1].0 .0.kill().expect("kill -9");
+    let killed = micros_now();
+    let (answered, _lost) = runtime.block_on(work).expect("clients");
+    let ended = began + 16_000_000;
+    let events = admissions(dir.path(), &nodes, &[("n2", killed)]);
+    let (most, _) = concurrency(&events, began, ended);
+    // While n3 was paused (after its lease could have expired) the others ran the limit.
+    let (_, paused) = concurrency(&events, stopped + 2_500_000, stopped + 4_000_000);
+    // After n2's lease expired (2 s), n1 and n3 run the limit between them.
+    let (_, after_kill) = concurrency(&events, killed + 3_000_000, ended - 1_000_000);
+    eprintln!("{answered} answered; at most {most} at once; {paused:.2} while n3 was paused; {after_kill:.2} after n2 was killed; n3 fenced {} times", logged(dir.path(), "n3", "fence"));
+    assert!(most <= 8, "the fleet ran {most} at once (limit 8)");
+    assert!(
+        logged(dir.path(), "n3", "fence") >= 1,
+        "n3 never saw its fence pass"
+    );
+    assert!(
+        paused >= 6.0,
+        "the paused node's shares did not return: {paused:.2}"
+    );
+    assert!(
+        after_kill >= 6.0,
+        "the killed node's shares did not return: {after_kill:.2}"
+    );
+    // Not yet asserted: that n3 admits again after it joined under a new lease. It does
+    // not (it lists only n1 in system.nodes afterwards: the rejoin does not happen), an open
+    // bug noted in issue 37 and docs/fleet.md. It is safe: n3 admits nothing.
 }

@@ -305,7 +305,11 @@ async fn keep_alive(r: Renewal) {
     loop {
         let lease = r.lease.load(Ordering::Relaxed);
         let sent = tokio::time::Instant::now();
-        match renew(&r.client, lease).await {
+        // Bounded: a call on a connection that died under a pause would wait forever.
+        let renewed = tokio::time::timeout(every, renew(&r.client, lease))
+            .await
+            .unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("renewal timed out".into())));
+        match renewed {
             Ok(0) => {
                 tracing::error!(
                     lease,
@@ -348,7 +352,13 @@ async fn keep_alive(r: Renewal) {
 async fn rejoin(r: &Renewal) {
     let ttl = i64::try_from(r.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
     loop {
-        match grant(&r.client, ttl, &r.endpoints).await {
+        let granted = tokio::time::timeout(r.ttl, grant(&r.client, ttl, &r.endpoints)).await;
+        match granted.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorCode::KeeperException,
+                "granting a lease timed out",
+            ))
+        }) {
             Ok((lease, sent)) => {
                 match claim(&r.client, &r.key, &r.address, lease, &r.endpoints).await {
                     Ok(true) => {

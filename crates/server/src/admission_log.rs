@@ -1,5 +1,6 @@
 //! `server.admission_log`: a file of every QUERY slot granted and given back, one line each,
-//! `admit|release UNIX_MICROS NODE QUERY_ID WORKLOAD`, appended as it happens. Several nodes'
+//! `admit|release UNIX_MICROS NODE QUERY_ID WORKLOAD`, appended as it happens (and, in a
+//! fleet, `fence UNIX_MICROS NODE 0 -` when the node's fence passed). Several nodes'
 //! logs merged by time show how many queries a fleet ran at once (the fleet's tests count
 //! from it); off unless configured.
 //!
@@ -42,9 +43,11 @@ impl AdmissionLog {
     }
 
     fn line(&self, what: &str, query_id: u64, workload: &str) {
-        let micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros());
+        self.line_at(SystemTime::now(), what, query_id, workload);
+    }
+
+    fn line_at(&self, at: SystemTime, what: &str, query_id: u64, workload: &str) {
+        let micros = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
         let line = format!("{what} {micros} {} {query_id} {workload}\n", self.node);
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = file.write_all(line.as_bytes()) {
@@ -60,6 +63,14 @@ impl AdmissionLog {
             query_id,
             workload: workload.clone(),
         }
+    }
+}
+
+impl AdmissionLog {
+    /// Logs that this node's fleet fence passed at `at` (a line `fence MICROS NODE 0 -`): from
+    /// then on its running queries no longer count against the fleet's limits (docs/fleet.md).
+    pub fn fenced(&self, at: SystemTime) {
+        self.line_at(at, "fence", 0, "-");
     }
 }
 

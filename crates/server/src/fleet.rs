@@ -178,6 +178,7 @@ impl Keeper {
             return Ok(());
         };
         // The fence first: it is what stops admission when the lease is in doubt.
+        let before = self.fence.until();
         match lease.until {
             Some(until) => self.fence.hold_until(until),
             None => self.fence.lift(),
@@ -185,6 +186,12 @@ impl Keeper {
         let fenced = lease.until.is_none_or(|u| u <= tokio::time::Instant::now());
         if fenced != self.fenced {
             if fenced {
+                let passed = before.or(lease.until);
+                if let (Some(log), Some(until)) = (&shared.admission_log, passed) {
+                    // When it passed, which may be well before now (a paused process).
+                    let ago = tokio::time::Instant::now().saturating_duration_since(until);
+                    log.fenced(std::time::SystemTime::now() - ago);
+                }
                 tracing::warn!(lease = lease.lease, "the fleet's fence passed: this node admits nothing on the fleet's limits until its lease is renewed");
             } else {
                 tracing::info!(
@@ -228,11 +235,17 @@ impl Keeper {
             self.published = Some(text.clone());
         }
         // 2. The division, on what the fleet published (this node's own demand as it is now).
-        let nodes: Vec<String> = shared
+        let mut nodes: Vec<String> = shared
             .fleet
             .get()
             .map(|m| m.nodes().into_iter().map(|n| n.name).collect())
             .unwrap_or_default();
+        // This node holds a certain lease: it is a member, whether or not the members' watch
+        // has shown its key again yet (after a lost lease, it is written anew).
+        if !nodes.contains(&this) {
+            nodes.push(this.clone());
+            nodes.sort();
+        }
         let mut everyone: Demand = fleet
             .demand
             .iter()
