@@ -386,7 +386,13 @@ async fn rejoin(r: &Renewal) {
 
 /// One renewal of `lease`: the TTL etcd gives it now (0: it had expired).
 async fn renew(client: &Client, lease: i64) -> std::result::Result<i64, etcd_client::Error> {
-    let (mut keeper, mut answers) = client.clone().lease_keep_alive(lease).await?;
+    // The client renews once itself when it opens the stream, and says an expired lease is
+    // "not found" (etcd answers with a TTL of 0): that is the answer 0, not a failure to retry.
+    let (mut keeper, mut answers) = match client.clone().lease_keep_alive(lease).await {
+        Ok(stream) => stream,
+        Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => return Ok(0),
+        Err(e) => return Err(e),
+    };
     keeper.keep_alive().await?;
     Ok(answers.message().await?.map_or(0, |a| a.ttl()))
 }

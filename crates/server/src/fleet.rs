@@ -167,6 +167,22 @@ async fn keep_shares(
 }
 
 impl Keeper {
+    /// The fence passed at `at` (this node's clock; `None`: unknown, now): logged, and
+    /// written to the admission log.
+    fn log_fence(&self, shared: &Shared, at: Option<tokio::time::Instant>) {
+        if let Some(log) = &shared.admission_log {
+            // When it passed, which may be well before now (a paused process).
+            let ago = at.map_or(Duration::ZERO, |at| {
+                tokio::time::Instant::now().saturating_duration_since(at)
+            });
+            log.fenced(std::time::SystemTime::now() - ago);
+        }
+        tracing::warn!(
+            lease = self.lease,
+            "the fleet's fence passed: this node admits nothing on the fleet's limits until its lease is renewed"
+        );
+    }
+
     async fn round(
         &mut self,
         shared: &Shared,
@@ -179,6 +195,21 @@ impl Keeper {
         };
         // The fence first: it is what stops admission when the lease is in doubt.
         let before = self.fence.until();
+        if lease.lease != self.lease {
+            // A new lease: the old one was lost, and its keys (demand, shares) with it. No
+            // share is usable before the new lease's fence is set below.
+            for limit in scheduler.limits() {
+                scheduler.set_share(&limit.workload, 0);
+            }
+            if !self.fenced {
+                // Its fence passed unseen (the process was paused, say): it passed then.
+                self.log_fence(shared, before);
+                self.fenced = true;
+            }
+            self.lease = lease.lease;
+            self.held.clear();
+            self.published = None;
+        }
         match lease.until {
             Some(until) => self.fence.hold_until(until),
             None => self.fence.lift(),
@@ -186,13 +217,7 @@ impl Keeper {
         let fenced = lease.until.is_none_or(|u| u <= tokio::time::Instant::now());
         if fenced != self.fenced {
             if fenced {
-                let passed = before.or(lease.until);
-                if let (Some(log), Some(until)) = (&shared.admission_log, passed) {
-                    // When it passed, which may be well before now (a paused process).
-                    let ago = tokio::time::Instant::now().saturating_duration_since(until);
-                    log.fenced(std::time::SystemTime::now() - ago);
-                }
-                tracing::warn!(lease = lease.lease, "the fleet's fence passed: this node admits nothing on the fleet's limits until its lease is renewed");
+                self.log_fence(shared, before.or(lease.until));
             } else {
                 tracing::info!(
                     lease = lease.lease,
@@ -201,15 +226,6 @@ impl Keeper {
                 scheduler.wake();
             }
             self.fenced = fenced;
-        }
-        if lease.lease != self.lease {
-            // A new lease: the old one's keys (demand, shares) went with it.
-            self.lease = lease.lease;
-            self.held.clear();
-            self.published = None;
-            for limit in scheduler.limits() {
-                scheduler.set_share(&limit.workload, 0);
-            }
         }
         if fenced {
             return Ok(());
