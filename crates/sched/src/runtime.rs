@@ -411,14 +411,9 @@ impl ResourceScheduler {
 
     /// The scheduler now in charge: this one, or the last of its successors.
     fn current(&self) -> ResourceScheduler {
-        let mut at = self.shared.clone();
-        loop {
-            let next = at.lock().successor.as_ref().map(|s| s.shared.clone());
-            match next {
-                Some(next) => at = next,
-                None => return ResourceScheduler { shared: at },
-            }
-        }
+        self.with_current(|shared, _| ResourceScheduler {
+            shared: shared.clone(),
+        })
     }
 
     /// The resource is gone: every waiting request fails with INVALID_SCHEDULER_NODE; what
