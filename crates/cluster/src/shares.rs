@@ -128,8 +128,9 @@ impl ShareBook {
 
     /// Grows this node's share of `workload` toward `want`, within `limit` less the other
     /// nodes' shares, if the catalog is still at `catalog_version` (the version `limit` was
-    /// read from). The share stored now, or `None` when it could not grow (the others hold
-    /// the rest, or the catalog moved): the caller tries again when the view changes.
+    /// read from). Returns the share stored for this node now: grown, or as it was when it
+    /// could not grow (the others hold the rest, or the catalog moved: the caller tries again
+    /// when the view changes).
     pub async fn grow(
         &self,
         lease: i64,
@@ -137,10 +138,11 @@ impl ShareBook {
         want: i64,
         limit: i64,
         catalog_version: i64,
-    ) -> Result<Option<i64>> {
+    ) -> Result<i64> {
         let guard = self.guard_key(workload);
         let shares = self.share_key(workload, "");
         let mine_key = self.share_key(workload, &self.node);
+        let mut mine = 0;
         for _ in 0..8 {
             let mut client = self.client.clone();
             // The guard first: a growth stored after this read fails the comparison below.
@@ -157,7 +159,8 @@ impl ShareBook {
                     .get(shares.as_str(), Some(GetOptions::new().with_prefix()))
                     .await
             );
-            let (mut mine, mut others) = (0, 0);
+            let mut others = 0;
+            mine = 0;
             for kv in all.kvs() {
                 let value: i64 = kv
                     .value_str()
@@ -172,7 +175,7 @@ impl ShareBook {
             }
             let to = want.min(limit - others);
             if to <= mine {
-                return Ok(None);
+                return Ok(mine);
             }
             let txn = Txn::new()
                 .when([
@@ -190,13 +193,13 @@ impl ShareBook {
             // Not retried blindly: a try whose answer was lost may have been stored, which
             // the next round's read sees (as this node's share).
             match client.txn(txn).await {
-                Ok(done) if done.succeeded() => return Ok(Some(to)),
+                Ok(done) if done.succeeded() => return Ok(to),
                 Ok(_) => continue,
                 Err(e) if transient(&e) => continue,
                 Err(e) => return Err(etcd_error("cannot grow a share", &self.endpoints, e)),
             }
         }
-        Ok(None)
+        Ok(mine)
     }
 
     /// Keeps `view` equal to the fleet's demand and shares: a read of them all, then their

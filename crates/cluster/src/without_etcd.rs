@@ -109,7 +109,7 @@ impl ShareBook {
         _want: i64,
         _limit: i64,
         _catalog_version: i64,
-    ) -> Result<Option<i64>> {
+    ) -> Result<i64> {
         match self.never {}
     }
 

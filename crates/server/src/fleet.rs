@@ -34,6 +34,9 @@ use crate::state::Shared;
 /// How often the keeper looks at local demand when nothing else woke it.
 pub const TICK: Duration = Duration::from_millis(20);
 
+/// The longest one round of the keeper waits for etcd.
+const ROUND_LIMIT: Duration = Duration::from_secs(1);
+
 /// Joins the fleet `[cluster]` names (nothing without one), as reachable at `address`;
 /// `serve` does it unless it was done before (the binary joins before it announces itself).
 pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Result<()> {
@@ -124,6 +127,8 @@ struct Keeper {
     held: BTreeMap<String, i64>,
     /// The demand last published.
     published: Option<String>,
+    /// `held` may be wrong (a round was cut short): read it back from the fleet's view.
+    resync: bool,
     /// Whether the fence held at the last round (to log and wake on a change).
     fenced: bool,
 }
@@ -144,6 +149,7 @@ async fn keep_shares(
         lease: alive.borrow().lease,
         held: BTreeMap::new(),
         published: None,
+        resync: false,
         fenced: true,
     };
     let mut tick = tokio::time::interval(TICK);
@@ -159,8 +165,19 @@ async fn keep_shares(
         };
         let lease = *alive.borrow_and_update();
         let fleet = view.borrow_and_update().clone();
-        if let Err(e) = keeper.round(&shared, lease, &fleet).await {
-            tracing::warn!("keeping the fleet's shares: {e}");
+        // Bounded, so that the fence moves on every round even while etcd does not answer
+        // (its calls retry for longer). A round cut short may have stored a share it did not
+        // note: the next one reads them back (a growth returns the share stored).
+        match tokio::time::timeout(ROUND_LIMIT, keeper.round(&shared, lease, &fleet)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("keeping the fleet's shares: {e}"),
+            Err(_) => {
+                tracing::warn!(
+                    "keeping the fleet's shares: etcd did not answer within {ROUND_LIMIT:?}"
+                );
+                keeper.resync = true;
+                keeper.published = None;
+            }
         }
     }
     following.abort();
@@ -272,6 +289,13 @@ impl Keeper {
             return Ok(());
         };
         let division = allot(tree, &nodes, &everyone);
+        if std::mem::take(&mut self.resync) {
+            self.held = fleet
+                .shares
+                .iter()
+                .filter_map(|(w, by)| Some((w.clone(), *by.get(&this)?)))
+                .collect();
+        }
         // 3. Each limit's share toward its target.
         for limit in &limits {
             let target = division
@@ -290,7 +314,7 @@ impl Keeper {
                     self.held.insert(limit.workload.clone(), to);
                 }
             } else if target > held {
-                let grown = self
+                let now = self
                     .book
                     .grow(
                         lease.lease,
@@ -300,7 +324,6 @@ impl Keeper {
                         snapshot.fleet_version,
                     )
                     .await?;
-                let now = grown.unwrap_or(held);
                 self.held.insert(limit.workload.clone(), now);
                 if limit.share != now {
                     scheduler.set_share(&limit.workload, now);
