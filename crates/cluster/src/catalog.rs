@@ -136,11 +136,14 @@ impl CatalogStore {
                 Ok(answer) => break answer,
                 Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
                 Err(e) => {
-                    return Err(etcd_error(
-                        "cannot store the catalog change",
-                        &self.endpoints,
-                        e,
-                    ))
+                    // A try that went unanswered may still be stored once etcd has a majority
+                    // again (then every node applies it, as any change): say so.
+                    let what = if attempt > 0 || transient(&e) {
+                        "cannot store the catalog change, and whether it was stored is unknown: etcd may still apply it when it has a majority again (every node then applies it); look at system.workloads / system.resources before running it again"
+                    } else {
+                        "cannot store the catalog change"
+                    };
+                    return Err(etcd_error(what, &self.endpoints, e));
                 }
             }
         };

@@ -34,8 +34,15 @@ pub(crate) async fn pause(began: Instant, attempt: &mut u32) -> bool {
 
 /// An etcd failure, named as ClickHouse names a coordination failure (KEEPER_EXCEPTION).
 pub(crate) fn etcd_error(what: &str, endpoints: &[String], e: etcd_client::Error) -> Error {
+    // A failure that passes by itself but did not (within the retries) is most often etcd
+    // without a majority of its members.
+    let hint = if transient(&e) {
+        " (etcd unavailable: is a majority of its members up and reachable from this node?)"
+    } else {
+        ""
+    };
     Error::new(
         ErrorCode::KeeperException,
-        format!("etcd ({}): {what}: {e}", endpoints.join(", ")),
+        format!("etcd ({}): {what}: {e}{hint}", endpoints.join(", ")),
     )
 }
