@@ -350,9 +350,14 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
         average >= 7.0,
         "the fleet ran {average:.2} on average while demand exceeded 8"
     );
+    // Clients of every node are served alike over time (the odd slot of 8 over 3 goes round).
+    let (least, most_served) = (
+        *by_node.iter().min().expect("nodes"),
+        *by_node.iter().max().expect("nodes"),
+    );
     assert!(
-        by_node.iter().all(|n| *n > 0),
-        "a node admitted nothing: {by_node:?}"
+        least as f64 >= 0.85 * most_served as f64,
+        "clients of one node were served less: {by_node:?}"
     );
 }
 

@@ -15,6 +15,14 @@
 //! it was stored; everything else — a node lowering its share, a lease expiring — only lowers
 //! the sum. A node uses no more than the share etcd stored for it, and only while its lease
 //! certainly lives (`LeaseState::until`).
+//!
+//! "The share etcd stored for it" must be known, not guessed: a write whose answer was lost
+//! (a timeout, etcd without quorum) may be stored later. So every write of a node's share
+//! compares its key's revision with the one the node last knew, and after any unanswered
+//! write the node settles ([`ShareBook::settle`]: reads the share and writes it again
+//! unchanged, compared on the revision read) before it raises its use of any share: no
+//! earlier write can be stored after that. Keys are never deleted by their node (a share of
+//! 0 stays as "0"), so a revision compared is never that of an absent key come back.
 
 use std::time::Instant;
 
@@ -99,38 +107,74 @@ impl ShareBook {
         Ok(())
     }
 
-    /// Lowers this node's share of `workload` to `to` (0 deletes it). Lowering needs no
-    /// comparison: it can only lower the sum.
-    pub async fn lower(&self, lease: i64, workload: &str, to: i64) -> Result<()> {
+    /// Lowers this node's share of `workload` to `to`, if its key is still at `revision` (the
+    /// revision of the write the node last knew of). The key's new revision; `None` when it
+    /// had moved (a write whose answer was lost was stored after all): the caller settles.
+    ///
+    /// Every write of a node's share compares the revision it was based on, so that a write
+    /// whose answer was lost cannot be stored after a later one (see [`ShareBook::settle`]).
+    pub async fn lower(
+        &self,
+        lease: i64,
+        workload: &str,
+        to: i64,
+        revision: i64,
+    ) -> Result<Option<i64>> {
         let key = self.share_key(workload, &self.node);
-        let mut client = self.client.clone();
-        if to <= 0 {
-            retried!(
-                "cannot give a share back",
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                to.max(0).to_string(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        // Not retried: an unanswered try may be stored later; the caller settles instead.
+        let done = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| etcd_error("cannot lower a share", &self.endpoints, e))?;
+        Ok(done
+            .succeeded()
+            .then(|| done.header().map_or(0, |h| h.revision())))
+    }
+
+    /// This node's share of `workload` as stored, made certain: read, then written again
+    /// unchanged compared on the revision read, so that no earlier write whose answer was
+    /// lost can be stored after it. The share and its key's revision.
+    pub async fn settle(&self, lease: i64, workload: &str) -> Result<(i64, i64)> {
+        let key = self.share_key(workload, &self.node);
+        for _ in 0..8 {
+            let read = retried!(
+                "cannot read a share",
                 &self.endpoints,
-                client.delete(key.as_str(), None).await
+                self.client.clone().get(key.as_str(), None).await
             );
-        } else {
-            retried!(
-                "cannot lower a share",
-                &self.endpoints,
-                client
-                    .put(
-                        key.as_str(),
-                        to.to_string(),
-                        Some(PutOptions::new().with_lease(lease))
-                    )
-                    .await
-            );
+            let (value, revision) = read.kvs().first().map_or((0, 0), |kv| {
+                let value = kv.value_str().ok().and_then(|v| v.parse().ok());
+                (value.unwrap_or(0), kv.mod_revision())
+            });
+            if let Some(revision) = self.lower(lease, workload, value, revision).await? {
+                return Ok((value, revision));
+            }
         }
-        Ok(())
+        Err(sluice_sql::Error::new(
+            sluice_sql::ErrorCode::KeeperException,
+            format!("etcd: this node's share of '{workload}' kept changing under it"),
+        ))
     }
 
     /// Grows this node's share of `workload` toward `want`, within `limit` less the other
     /// nodes' shares, if the catalog is still at `catalog_version` (the version `limit` was
-    /// read from). Returns the share stored for this node now: grown, or as it was when it
-    /// could not grow (the others hold the rest, or the catalog moved: the caller tries again
-    /// when the view changes).
+    /// read from), and if this node's key is still at `revision` (see [`ShareBook::lower`]).
+    /// Returns the share stored for this node now and its key's revision: grown, or as it was
+    /// when it could not grow (the others hold the rest, the catalog moved: the caller tries
+    /// again when the view changes). An error leaves what was stored unknown: settle.
     pub async fn grow(
         &self,
         lease: i64,
@@ -138,11 +182,12 @@ impl ShareBook {
         want: i64,
         limit: i64,
         catalog_version: i64,
-    ) -> Result<i64> {
+        revision: i64,
+    ) -> Result<(i64, i64)> {
         let guard = self.guard_key(workload);
         let shares = self.share_key(workload, "");
         let mine_key = self.share_key(workload, &self.node);
-        let mut mine = 0;
+        let mut mine = (0, revision);
         for _ in 0..8 {
             let mut client = self.client.clone();
             // The guard first: a growth stored after this read fails the comparison below.
@@ -160,7 +205,7 @@ impl ShareBook {
                     .await
             );
             let mut others = 0;
-            mine = 0;
+            let mut seen_mine = 0;
             for kv in all.kvs() {
                 let value: i64 = kv
                     .value_str()
@@ -168,19 +213,31 @@ impl ShareBook {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
                 if kv.key_str().ok() == Some(mine_key.as_str()) {
-                    mine = value;
+                    seen_mine = kv.mod_revision();
+                    mine.0 = value;
                 } else {
                     others += value;
                 }
             }
+            if seen_mine != revision {
+                // A write the caller does not know of (one whose answer was lost): it must
+                // settle before it grows.
+                return Err(sluice_sql::Error::new(
+                    sluice_sql::ErrorCode::KeeperException,
+                    format!(
+                        "etcd: this node's share of '{workload}' changed under it; settling it"
+                    ),
+                ));
+            }
             let to = want.min(limit - others);
-            if to <= mine {
+            if to <= mine.0 {
                 return Ok(mine);
             }
             let txn = Txn::new()
                 .when([
                     Compare::mod_revision(guard.as_str(), CompareOp::Equal, seen),
                     Compare::mod_revision(self.catalog.as_str(), CompareOp::Equal, catalog_version),
+                    Compare::mod_revision(mine_key.as_str(), CompareOp::Equal, revision),
                 ])
                 .and_then([
                     TxnOp::put(
@@ -190,12 +247,12 @@ impl ShareBook {
                     ),
                     TxnOp::put(guard.as_str(), self.node.as_str(), None),
                 ]);
-            // Not retried blindly: a try whose answer was lost may have been stored, which
-            // the next round's read sees (as this node's share).
+            // Not retried: an unanswered try may be stored later; the caller settles instead.
             match client.txn(txn).await {
-                Ok(done) if done.succeeded() => return Ok(to),
+                Ok(done) if done.succeeded() => {
+                    return Ok((to, done.header().map_or(0, |h| h.revision())))
+                }
                 Ok(_) => continue,
-                Err(e) if transient(&e) => continue,
                 Err(e) => return Err(etcd_error("cannot grow a share", &self.endpoints, e)),
             }
         }

@@ -98,7 +98,17 @@ impl ShareBook {
         match self.never {}
     }
 
-    pub async fn lower(&self, _lease: i64, _workload: &str, _to: i64) -> Result<()> {
+    pub async fn lower(
+        &self,
+        _lease: i64,
+        _workload: &str,
+        _to: i64,
+        _revision: i64,
+    ) -> Result<Option<i64>> {
+        match self.never {}
+    }
+
+    pub async fn settle(&self, _lease: i64, _workload: &str) -> Result<(i64, i64)> {
         match self.never {}
     }
 
@@ -109,7 +119,8 @@ impl ShareBook {
         _want: i64,
         _limit: i64,
         _catalog_version: i64,
-    ) -> Result<i64> {
+        _revision: i64,
+    ) -> Result<(i64, i64)> {
         match self.never {}
     }
 

@@ -66,18 +66,33 @@ fn workload(node: &Node) -> Workload {
 }
 
 /// Where each limited workload's slots should be, given every node's demand (see the module
-/// docs). `nodes`: the fleet's live members; demand of other names is ignored.
-pub fn allot(tree: &ResourceTree, nodes: &[String], demand: &Demand) -> Allotment {
+/// docs). `nodes`: the fleet's live members; demand of other names is ignored. `turn` rotates
+/// which nodes get the odd slots of a division that does not come out even (one node more
+/// than another when three share eight): the fleet passes a number that all nodes agree on
+/// and that changes every few seconds, so that clients of every node get the same service
+/// over time.
+pub fn allot(tree: &ResourceTree, nodes: &[String], demand: &Demand, turn: u64) -> Allotment {
     let mut out = Allotment::new();
     let Some(root) = &tree.root else { return out };
     if nodes.is_empty() {
         return out;
     }
     let root = workload(root);
+    let count = nodes.len();
     let mut state = Division {
         remaining: BTreeMap::new(),
         given: BTreeMap::new(),
         under: BTreeMap::new(),
+        place: nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    n.clone(),
+                    (i + count - (turn % count as u64) as usize) % count,
+                )
+            })
+            .collect(),
     };
     for node in nodes {
         for (leaf, wanted) in demand.get(node).into_iter().flatten() {
@@ -89,7 +104,7 @@ pub fn allot(tree: &ResourceTree, nodes: &[String], demand: &Demand) -> Allotmen
         }
     }
     while state.give(&root).is_some() {}
-    collect(&root, nodes, &state, &mut out);
+    collect(&root, nodes, &state, turn, &mut out);
     out
 }
 
@@ -100,6 +115,8 @@ struct Division {
     given: BTreeMap<(String, String), i64>,
     /// Slots given anywhere below each workload.
     under: BTreeMap<String, i64>,
+    /// Each node's place in this turn's order (ties go to the earlier place).
+    place: BTreeMap<String, usize>,
 }
 
 impl Division {
@@ -113,7 +130,8 @@ impl Division {
             return None;
         }
         let given = if w.children.is_empty() {
-            // The node with demand left that holds the fewest slots of this leaf (ties: name).
+            // The node with demand left that holds the fewest slots of this leaf (ties: the
+            // earlier place in this turn's order).
             let node = self
                 .remaining
                 .iter()
@@ -125,7 +143,7 @@ impl Division {
                             .get(&(w.name.clone(), node.clone()))
                             .copied()
                             .unwrap_or(0),
-                        node.clone(),
+                        self.place.get(node).copied().unwrap_or(usize::MAX),
                     )
                 })?;
             let key = (w.name.clone(), node.clone());
@@ -165,9 +183,9 @@ impl Division {
 }
 
 /// Each limited workload's slots per node: what demand was given, and the rest spread evenly
-/// (the first nodes of a rotation that starts at a place of the workload's own, so that one
-/// node does not get every odd slot of every workload).
-fn collect(w: &Workload, nodes: &[String], state: &Division, out: &mut Allotment) {
+/// (the first nodes of a rotation that starts at a place of the workload's own, moved on each
+/// `turn`, so that one node does not get every odd slot of every workload).
+fn collect(w: &Workload, nodes: &[String], state: &Division, turn: u64, out: &mut Allotment) {
     if let Some(limit) = w.limit {
         let mut shares: BTreeMap<String, i64> =
             nodes.iter().map(|n| (n.clone(), state.at(w, n))).collect();
@@ -176,7 +194,8 @@ fn collect(w: &Workload, nodes: &[String], state: &Division, out: &mut Allotment
         let start = w
             .name
             .bytes()
-            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize))
+            .wrapping_add(turn as usize);
         for (i, node) in nodes.iter().enumerate() {
             let place = ((i + nodes.len() - start % nodes.len()) % nodes.len()) as i64;
             let extra = left / count + i64::from(place < left % count);
@@ -185,7 +204,7 @@ fn collect(w: &Workload, nodes: &[String], state: &Division, out: &mut Allotment
         out.insert(w.name.clone(), shares);
     }
     for child in &w.children {
-        collect(child, nodes, state, out);
+        collect(child, nodes, state, turn, out);
     }
 }
 
@@ -232,15 +251,34 @@ mod tests {
         let t = tree(
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8;",
         );
-        let idle = allot(&t, &nodes(), &Demand::new());
+        let idle = allot(&t, &nodes(), &Demand::new(), 0);
         assert_eq!(idle["all"].values().sum::<i64>(), 8);
         assert!(
             idle["all"].values().all(|s| (2..=3).contains(s)),
             "{idle:?}"
         );
-        let busy = allot(&t, &nodes(), &demand(&[("b", "all", 20)]));
+        let busy = allot(&t, &nodes(), &demand(&[("b", "all", 20)]), 0);
         assert_eq!(busy["all"]["b"], 8);
-        let split = allot(&t, &nodes(), &demand(&[("a", "all", 2), ("b", "all", 20)]));
+        // The odd slots of an even split go round with the turn.
+        let mut got: BTreeMap<String, i64> = BTreeMap::new();
+        for turn in 0..3 {
+            for (node, share) in &allot(
+                &t,
+                &nodes(),
+                &demand(&[("a", "all", 9), ("b", "all", 9), ("c", "all", 9)]),
+                turn,
+            )["all"]
+            {
+                *got.entry(node.clone()).or_default() += share;
+            }
+        }
+        assert!(got.values().all(|s| *s == 8), "{got:?}");
+        let split = allot(
+            &t,
+            &nodes(),
+            &demand(&[("a", "all", 2), ("b", "all", 20)]),
+            0,
+        );
         assert_eq!(
             (split["all"]["a"], split["all"]["b"], split["all"]["c"]),
             (2, 6, 0)
@@ -253,18 +291,24 @@ mod tests {
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
              CREATE WORKLOAD x IN all SETTINGS weight = 3; CREATE WORKLOAD y IN all SETTINGS weight = 1;",
         );
-        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]));
+        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]), 0);
         assert_eq!((a["all"]["a"], a["all"]["b"]), (6, 2), "{a:?}");
         let t = tree(
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
              CREATE WORKLOAD high IN all SETTINGS priority = 0; CREATE WORKLOAD low IN all SETTINGS priority = 1;",
         );
-        let a = allot(&t, &nodes(), &demand(&[("a", "high", 5), ("b", "low", 50)]));
+        let a = allot(
+            &t,
+            &nodes(),
+            &demand(&[("a", "high", 5), ("b", "low", 50)]),
+            0,
+        );
         assert_eq!((a["all"]["a"], a["all"]["b"]), (5, 3), "{a:?}");
         let a = allot(
             &t,
             &nodes(),
             &demand(&[("a", "high", 50), ("b", "low", 50)]),
+            0,
         );
         assert_eq!((a["all"]["a"], a["all"]["b"]), (8, 0), "{a:?}");
     }
@@ -275,7 +319,7 @@ mod tests {
             "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8; \
              CREATE WORKLOAD x IN all SETTINGS max_concurrent_queries = 2; CREATE WORKLOAD y IN all;",
         );
-        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]));
+        let a = allot(&t, &nodes(), &demand(&[("a", "x", 50), ("b", "y", 50)]), 0);
         assert_eq!((a["all"]["a"], a["all"]["b"]), (2, 6), "{a:?}");
         assert_eq!(a["x"]["a"], 2, "{a:?}");
         assert_eq!(a["x"].values().sum::<i64>(), 2);

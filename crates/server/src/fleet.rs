@@ -15,7 +15,8 @@
 //! 3. a share above its target is lowered: first in the scheduler (nothing more is admitted
 //!    beyond the target), then in etcd, to no less than the queries it still has running;
 //!    a share below its target grows: first in etcd (a transaction within the limit), then
-//!    in the scheduler.
+//!    in the scheduler. After a round that failed or was cut short, every share is settled
+//!    (made certain in etcd) before any is raised in the scheduler.
 //!
 //! So at every moment, for every limit: queries admitted on a node ≤ its share in etcd, and
 //! the shares in etcd ≤ the limit. A lost lease takes the node's shares with it (etcd deletes
@@ -33,6 +34,18 @@ use crate::state::Shared;
 
 /// How often the keeper looks at local demand when nothing else woke it.
 pub const TICK: Duration = Duration::from_millis(20);
+
+/// How long the odd slots of an uneven division stay on the same nodes (see [`turn`]).
+const TURN: Duration = Duration::from_secs(2);
+
+/// The division's turn: the wall clock in [`TURN`]s, which every node of the fleet reads
+/// alike (clocks a little apart disagree for a moment around a change of turn: that costs a
+/// share move, never the limit).
+fn turn() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / TURN.as_secs())
+}
 
 /// The longest one round of the keeper waits for etcd.
 const ROUND_LIMIT: Duration = Duration::from_secs(1);
@@ -124,11 +137,14 @@ struct Keeper {
     /// The lease the shares in `held` are under.
     lease: i64,
     /// This node's shares as stored in etcd, by workload.
-    held: BTreeMap<String, i64>,
+    /// This node's shares as stored in etcd, by workload, with their keys' revisions (what
+    /// its next write of each compares).
+    held: BTreeMap<String, (i64, i64)>,
     /// The demand last published.
     published: Option<String>,
-    /// `held` may be wrong (a round was cut short): read it back from the fleet's view.
-    resync: bool,
+    /// A write of a share may have been stored unbeknown (its answer was lost, or a round
+    /// was cut short): settle every share before using any.
+    unsure: bool,
     /// Whether the fence held at the last round (to log and wake on a change).
     fenced: bool,
 }
@@ -149,7 +165,7 @@ async fn keep_shares(
         lease: alive.borrow().lease,
         held: BTreeMap::new(),
         published: None,
-        resync: false,
+        unsure: false,
         fenced: true,
     };
     let mut tick = tokio::time::interval(TICK);
@@ -166,16 +182,19 @@ async fn keep_shares(
         let lease = *alive.borrow_and_update();
         let fleet = view.borrow_and_update().clone();
         // Bounded, so that the fence moves on every round even while etcd does not answer
-        // (its calls retry for longer). A round cut short may have stored a share it did not
-        // note: the next one reads them back (a growth returns the share stored).
+        // (its calls retry for longer). A round that failed or was cut short may have had a
+        // write stored unbeknown: the next one settles every share first.
         match tokio::time::timeout(ROUND_LIMIT, keeper.round(&shared, lease, &fleet)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("keeping the fleet's shares: {e}"),
+            Ok(Err(e)) => {
+                tracing::warn!("keeping the fleet's shares: {e}");
+                keeper.unsure = true;
+            }
             Err(_) => {
                 tracing::warn!(
                     "keeping the fleet's shares: etcd did not answer within {ROUND_LIMIT:?}"
                 );
-                keeper.resync = true;
+                keeper.unsure = true;
                 keeper.published = None;
             }
         }
@@ -225,6 +244,7 @@ impl Keeper {
             }
             self.lease = lease.lease;
             self.held.clear();
+            self.unsure = false;
             self.published = None;
         }
         match lease.until {
@@ -288,13 +308,26 @@ impl Keeper {
         let Some(tree) = snapshot.trees.tree(resource) else {
             return Ok(());
         };
-        let division = allot(tree, &nodes, &everyone);
-        if std::mem::take(&mut self.resync) {
-            self.held = fleet
-                .shares
+        let division = allot(tree, &nodes, &everyone, turn());
+        if self.unsure {
+            // A write may have been stored without this node knowing (its answer was lost):
+            // make every share certain before using any (the cap only comes down here).
+            let workloads: std::collections::BTreeSet<String> = limits
                 .iter()
-                .filter_map(|(w, by)| Some((w.clone(), *by.get(&this)?)))
+                .map(|l| l.workload.clone())
+                .chain(self.held.keys().cloned())
                 .collect();
+            for workload in workloads {
+                let (value, revision) = self.book.settle(lease.lease, &workload).await?;
+                self.held.insert(workload.clone(), (value, revision));
+                if limits
+                    .iter()
+                    .any(|l| l.workload == workload && l.share > value)
+                {
+                    scheduler.set_share(&workload, value);
+                }
+            }
+            self.unsure = false;
         }
         // 3. Each limit's share toward its target.
         for limit in &limits {
@@ -303,18 +336,25 @@ impl Keeper {
                 .and_then(|d| d.get(&this))
                 .copied()
                 .unwrap_or(0);
-            let held = self.held.get(&limit.workload).copied().unwrap_or(0);
+            let (held, revision) = self.held.get(&limit.workload).copied().unwrap_or((0, 0));
             if target < held {
                 if limit.share != target {
                     scheduler.set_share(&limit.workload, target);
                 }
                 let to = target.max(limit.requests).min(held);
                 if to < held {
-                    self.book.lower(lease.lease, &limit.workload, to).await?;
-                    self.held.insert(limit.workload.clone(), to);
+                    let lowered = self
+                        .book
+                        .lower(lease.lease, &limit.workload, to, revision)
+                        .await?;
+                    let Some(revision) = lowered else {
+                        self.unsure = true;
+                        return Ok(());
+                    };
+                    self.held.insert(limit.workload.clone(), (to, revision));
                 }
             } else if target > held {
-                let now = self
+                let (now, revision) = self
                     .book
                     .grow(
                         lease.lease,
@@ -322,9 +362,10 @@ impl Keeper {
                         target,
                         limit.max_requests,
                         snapshot.fleet_version,
+                        revision,
                     )
                     .await?;
-                self.held.insert(limit.workload.clone(), now);
+                self.held.insert(limit.workload.clone(), (now, revision));
                 if limit.share != now {
                     scheduler.set_share(&limit.workload, now);
                 }
@@ -340,7 +381,14 @@ impl Keeper {
             .cloned()
             .collect();
         for workload in gone {
-            self.book.lower(lease.lease, &workload, 0).await?;
+            let (held, revision) = self.held[&workload];
+            if held > 0 {
+                let lowered = self.book.lower(lease.lease, &workload, 0, revision).await?;
+                if lowered.is_none() {
+                    self.unsure = true;
+                    return Ok(());
+                }
+            }
             self.held.remove(&workload);
         }
         Ok(())
