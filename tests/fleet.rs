@@ -16,15 +16,38 @@ fn config(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> PathBuf {
     let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
     let path = dir.join(format!("{node}.toml"));
     let log = dir.join(format!("{node}.admissions"));
+    // Its HTTP port (for /metrics), kept beside the config for `metric`.
+    let http = common::free_port();
+    std::fs::write(dir.join(format!("{node}.http")), http.to_string()).expect("http port");
     std::fs::write(
         &path,
         format!(
-            "[server]\nadmission_log = {log:?}\n[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n",
+            "[server]\nadmission_log = {log:?}\n[http]\nlisten = \"127.0.0.1:{http}\"\n[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n",
             endpoints.join(", ")
         ),
     )
     .expect("config");
     path
+}
+
+/// The value of the metric `name` (without labels) at `node`'s `/metrics`.
+fn metric(dir: &Path, node: &str, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let port: u16 = std::fs::read_to_string(dir.join(format!("{node}.http")))
+        .expect("http port")
+        .parse()
+        .expect("a port");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("http connect");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{node} shows no {name}"))
 }
 
 fn start(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> (common::Server, u16) {
@@ -498,6 +521,10 @@ fn a_paused_or_killed_node_never_makes_the_fleet_exceed_its_limit() {
         admitted_late > 0,
         "n3 admitted nothing after it was resumed"
     );
+    // Counted in the fleet's metrics.
+    assert!(metric(dir.path(), "n3", "sluice_fleet_fences_passed_total") >= 1);
+    assert!(metric(dir.path(), "n3", "sluice_fleet_leases_replaced_total") >= 1);
+    assert!(metric(dir.path(), "n1", "sluice_fleet_shares_grown_total") >= 1);
 }
 
 /// Each line of the nodes' admission logs: (micros, kind, node, workload), in time order.

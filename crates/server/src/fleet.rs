@@ -24,6 +24,7 @@
 //! new lease.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -156,6 +157,9 @@ async fn keep_shares(
     mut alive: tokio::sync::watch::Receiver<LeaseState>,
     fence: Arc<sluice_sched::Fence>,
 ) {
+    if let Some(shared) = shared.upgrade() {
+        shared.metrics.fleet.active.store(true, Relaxed);
+    }
     let (view_tx, mut view) = tokio::sync::watch::channel(FleetView::default());
     let follower = book.clone();
     let following = tokio::spawn(async move { follower.follow(view_tx).await });
@@ -189,8 +193,10 @@ async fn keep_shares(
             Ok(Err(e)) => {
                 tracing::warn!("keeping the fleet's shares: {e}");
                 keeper.unsure = true;
+                shared.metrics.fleet.rounds_failed.fetch_add(1, Relaxed);
             }
             Err(_) => {
+                shared.metrics.fleet.rounds_failed.fetch_add(1, Relaxed);
                 tracing::warn!(
                     "keeping the fleet's shares: etcd did not answer within {ROUND_LIMIT:?}"
                 );
@@ -206,6 +212,7 @@ impl Keeper {
     /// The fence passed at `at` (this node's clock; `None`: unknown, now): logged, and
     /// written to the admission log.
     fn log_fence(&self, shared: &Shared, at: Option<tokio::time::Instant>) {
+        shared.metrics.fleet.fences_passed.fetch_add(1, Relaxed);
         if let Some(log) = &shared.admission_log {
             // When it passed, which may be well before now (a paused process).
             let ago = at.map_or(Duration::ZERO, |at| {
@@ -237,6 +244,7 @@ impl Keeper {
             for limit in scheduler.limits() {
                 scheduler.set_share(&limit.workload, 0);
             }
+            shared.metrics.fleet.leases_replaced.fetch_add(1, Relaxed);
             if !self.fenced {
                 // Its fence passed unseen (the process was paused, say): it passed then.
                 self.log_fence(shared, before);
@@ -352,6 +360,7 @@ impl Keeper {
                         return Ok(());
                     };
                     self.held.insert(limit.workload.clone(), (to, revision));
+                    shared.metrics.fleet.shares_lowered.fetch_add(1, Relaxed);
                 }
             } else if target > held {
                 let (now, revision) = self
@@ -365,6 +374,9 @@ impl Keeper {
                         revision,
                     )
                     .await?;
+                if now > held {
+                    shared.metrics.fleet.shares_grown.fetch_add(1, Relaxed);
+                }
                 self.held.insert(limit.workload.clone(), (now, revision));
                 if limit.share != now {
                     scheduler.set_share(&limit.workload, now);
@@ -391,6 +403,16 @@ impl Keeper {
             }
             self.held.remove(&workload);
         }
+        *shared
+            .metrics
+            .fleet
+            .shares
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = self
+            .held
+            .iter()
+            .map(|(w, (v, _))| (w.clone(), *v))
+            .collect();
         Ok(())
     }
 }

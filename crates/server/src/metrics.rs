@@ -98,10 +98,27 @@ type Family = (
     fn(&Series) -> String,
 );
 
-/// The series of every (resource, workload) pair that has seen a query.
+/// The series of every (resource, workload) pair that has seen a query, and the fleet's.
 #[derive(Debug, Default)]
 pub struct Metrics {
     series: Mutex<BTreeMap<String, BTreeMap<String, Arc<Series>>>>,
+    /// In a fleet: what its share keeper did (`crate::fleet`).
+    pub fleet: FleetCounters,
+}
+
+/// The fleet's events on this node, counted by its share keeper.
+#[derive(Debug, Default)]
+pub struct FleetCounters {
+    /// Set once the node is in a fleet (the fleet's series are shown from then on).
+    pub active: std::sync::atomic::AtomicBool,
+    pub fences_passed: AtomicU64,
+    pub leases_replaced: AtomicU64,
+    pub shares_grown: AtomicU64,
+    pub shares_lowered: AtomicU64,
+    /// Rounds of the keeper that failed or were cut short (etcd did not answer).
+    pub rounds_failed: AtomicU64,
+    /// This node's share of each limited workload, as stored in etcd.
+    pub shares: Mutex<BTreeMap<String, i64>>,
 }
 
 impl Metrics {
@@ -184,6 +201,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{{}}} {}", labels(r, w), value(s));
             }
         }
+        self.render_fleet(&mut out);
         let name = "sluice_admission_wait_seconds";
         let _ = writeln!(
             out,
@@ -203,6 +221,41 @@ impl Metrics {
             let _ = writeln!(out, "{name}_count{{{l}}} {cumulative}");
         }
         out
+    }
+}
+
+impl Metrics {
+    fn render_fleet(&self, out: &mut String) {
+        let f = &self.fleet;
+        if !f.active.load(Relaxed) {
+            return;
+        }
+        let counters: [(&str, &str, &AtomicU64); 5] = [
+            ("sluice_fleet_fences_passed_total", "Times this node's fence passed: its lease was in doubt, and it admitted nothing on the fleet's limits until it was renewed.", &f.fences_passed),
+            ("sluice_fleet_leases_replaced_total", "Times this node's lease was lost (expired) and it joined the fleet again under a new one.", &f.leases_replaced),
+            ("sluice_fleet_shares_grown_total", "Growths of this node's shares of the fleet's limits, stored in etcd.", &f.shares_grown),
+            ("sluice_fleet_shares_lowered_total", "Lowerings of this node's shares of the fleet's limits, stored in etcd.", &f.shares_lowered),
+            ("sluice_fleet_keeper_rounds_failed_total", "Rounds of the share keeper that failed or were cut short (etcd did not answer).", &f.rounds_failed),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                value.load(Relaxed)
+            );
+        }
+        let name = "sluice_fleet_share";
+        let _ = writeln!(
+            out,
+            "# HELP {name} This node's share of a workload's max_concurrent_queries across the fleet, as stored in etcd.\n# TYPE {name} gauge"
+        );
+        for (workload, share) in f.shares.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "{name}{{workload=\"{}\"}} {share}",
+                escape_label(workload)
+            );
+        }
     }
 }
 
