@@ -393,6 +393,31 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
         average >= 7.0,
         "the fleet ran {average:.2} on average while demand exceeded 8"
     );
+    // system.nodes shows what each node holds: the shares of the idle fleet add up to 8.
+    let started_wait = Instant::now();
+    loop {
+        let shown = run(
+            ports[0],
+            "SELECT array_to_string(shares, ',') FROM system.nodes ORDER BY name",
+        )
+        .expect("system.nodes");
+        let held: i64 = shown
+            .lines()
+            .filter_map(|l| l.strip_prefix("all=")?.parse::<i64>().ok())
+            .sum();
+        assert!(
+            held <= 8,
+            "system.nodes shows shares above the limit: {shown}"
+        );
+        if held == 8 && shown.lines().count() == 3 {
+            break;
+        }
+        assert!(
+            started_wait.elapsed() < Duration::from_secs(10),
+            "system.nodes: {shown}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Clients of every node are served alike over time (the odd slot of 8 over 3 goes round).
     let (least, most_served) = (
         *by_node.iter().min().expect("nodes"),

@@ -80,8 +80,17 @@ pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Resu
     let book = membership.share_book();
     let alive = membership.alive();
     let _ = shared.fleet.set(membership);
+    let (view_tx, view) = tokio::sync::watch::channel(FleetView::default());
+    let _ = shared.fleet_view.set(view.clone());
     tokio::spawn(follow_fleet_catalog(Arc::downgrade(shared), store));
-    tokio::spawn(keep_shares(Arc::downgrade(shared), book, alive, fence));
+    tokio::spawn(keep_shares(
+        Arc::downgrade(shared),
+        book,
+        alive,
+        fence,
+        view_tx,
+        view,
+    ));
     Ok(())
 }
 
@@ -156,11 +165,12 @@ async fn keep_shares(
     book: ShareBook,
     mut alive: tokio::sync::watch::Receiver<LeaseState>,
     fence: Arc<sluice_sched::Fence>,
+    view_tx: tokio::sync::watch::Sender<FleetView>,
+    mut view: tokio::sync::watch::Receiver<FleetView>,
 ) {
     if let Some(shared) = shared.upgrade() {
         shared.metrics.fleet.active.store(true, Relaxed);
     }
-    let (view_tx, mut view) = tokio::sync::watch::channel(FleetView::default());
     let follower = book.clone();
     let following = tokio::spawn(async move { follower.follow(view_tx).await });
     let mut keeper = Keeper {

@@ -233,6 +233,8 @@ pub struct Shared {
     /// In a fleet: until when this node may use its shares of the QUERY resource's limits
     /// (every QUERY scheduler is in the fleet behind it: see `crate::fleet`).
     pub fleet_fence: std::sync::OnceLock<Arc<sluice_sched::Fence>>,
+    /// In a fleet: the demand and shares every node published, as the watch last showed them.
+    pub fleet_view: std::sync::OnceLock<tokio::sync::watch::Receiver<sluice_cluster::FleetView>>,
     /// `server.admission_log`, open.
     pub admission_log: Option<Arc<crate::admission_log::AdmissionLog>>,
     storage: DiskStorage,
@@ -308,6 +310,7 @@ impl Shared {
             fleet: std::sync::OnceLock::new(),
             fleet_catalog: std::sync::OnceLock::new(),
             fleet_fence: std::sync::OnceLock::new(),
+            fleet_view: std::sync::OnceLock::new(),
             users,
             logins,
             tls,

@@ -36,11 +36,11 @@ fn strings<S: AsRef<str>, I: IntoIterator<Item = Option<S>>>(values: I) -> Array
     Arc::new(StringArray::from_iter(values))
 }
 
-fn string_lists(values: Vec<Vec<&str>>) -> ArrayRef {
+fn string_lists<S: AsRef<str>>(values: Vec<Vec<S>>) -> ArrayRef {
     let mut builder = ListBuilder::new(StringBuilder::new());
     for list in values {
         for v in list {
-            builder.values().append_value(v);
+            builder.values().append_value(v.as_ref());
         }
         builder.append(true);
     }
@@ -327,6 +327,11 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
     // The fleet's members (`[cluster]`), as this node's watch of etcd has them; empty for a
     // node that runs alone.
     let nodes = shared.fleet.get().map(|f| f.nodes()).unwrap_or_default();
+    let view = shared
+        .fleet_view
+        .get()
+        .map(|v| v.borrow().clone())
+        .unwrap_or_default();
     set(
         "nodes",
         batch(vec![
@@ -348,6 +353,35 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
             (
                 "is_local",
                 Arc::new(BooleanArray::from_iter(nodes.iter().map(|n| Some(n.this)))),
+            ),
+            // What each holds: its shares of the fleet's limits, and the demand it published.
+            (
+                "shares",
+                string_lists(
+                    nodes
+                        .iter()
+                        .map(|n| {
+                            view.shares
+                                .iter()
+                                .filter_map(|(w, by)| Some(format!("{w}={}", by.get(&n.name)?)))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "demand",
+                string_lists(
+                    nodes
+                        .iter()
+                        .map(|n| {
+                            view.demand
+                                .get(&n.name)
+                                .map(|text| text.lines().map(|l| l.replace('\t', "=")).collect())
+                                .unwrap_or_default()
+                        })
+                        .collect(),
+                ),
             ),
         ])?,
     )?;
