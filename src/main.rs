@@ -1,7 +1,8 @@
 //! The `sluice` binary: command line, configuration, and the offline commands.
 //!
-//! - `sluice check [--dump] [--data-dir DIR] FILE`: validate a DDL script against an empty (or a
-//!   copied) catalog, print each statement's outcome and, with `--dump`, the system tables.
+//! - `sluice check [--dump] [--data-dir DIR | --fleet --config FILE] FILE`: validate a DDL
+//!   script against an empty (or a copied, or the fleet's) catalog, print each statement's
+//!   outcome and, with `--dump`, the system tables.
 //! - `sluice apply --data-dir DIR FILE`: apply a DDL script to a data dir, durably, statement by
 //!   statement; stops at the first error.
 //! - `sluice serve`: the Postgres-wire server on the embedded engine.
@@ -160,6 +161,10 @@ struct Common {
     /// Memory in bytes that `max_memory_ratio` resolves against.
     #[arg(long)]
     memory: Option<u64>,
+    /// `check`: start from the fleet's catalog in etcd (the config's `[cluster]`), read
+    /// without joining the fleet, instead of a data dir's.
+    #[arg(long)]
+    fleet: bool,
 }
 
 struct Setup {
@@ -192,6 +197,26 @@ impl Common {
             .clone()
             .or(config.server.data_dir.clone())
             .or(default_data_dir.map(Path::to_path_buf));
+        if self.fleet {
+            let cluster = config
+                .cluster
+                .as_ref()
+                .context("--fleet reads the fleet's catalog from the config's [cluster]: pass --config with one")?;
+            let options = cluster_options(cluster)?;
+            let stored = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(sluice_cluster::read_catalog(&options))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let catalog = sluice_server::state::fleet_catalog(base, &stored)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            return Ok(Setup {
+                script,
+                catalog,
+                storage: None,
+                machine: self.machine(&config),
+            });
+        }
         let (catalog, storage) = match data_dir {
             Some(dir) => {
                 let storage = if writable {
@@ -205,20 +230,24 @@ impl Common {
             }
             None => (base, None),
         };
+        Ok(Setup {
+            script,
+            catalog,
+            storage,
+            machine: self.machine(&config),
+        })
+    }
+
+    /// The machine ratios resolve against: the flags', the config's, or this one's.
+    fn machine(&self, config: &Config) -> Machine {
         let detected = machine::detect();
-        let machine = Machine {
+        Machine {
             cores: self.cores.or(config.server.cores).unwrap_or(detected.cores),
             memory: self
                 .memory
                 .or(config.server.memory)
                 .unwrap_or(detected.memory),
-        };
-        Ok(Setup {
-            script,
-            catalog,
-            storage,
-            machine,
-        })
+        }
     }
 }
 

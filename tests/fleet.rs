@@ -225,6 +225,34 @@ fn ddl_on_one_node_reaches_every_node_and_a_race_has_one_winner() {
     for port in [p2, p3] {
         says(port, catalog, &on_n1);
     }
+    // `sluice check --fleet --dump` reads the fleet's catalog from etcd without joining: the
+    // same with every node's config, and it holds the race winners.
+    let empty = dir.path().join("empty.sql");
+    std::fs::write(&empty, "").expect("script");
+    let dumps: Vec<String> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|node| {
+            let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+                .args(["check", "--fleet", "--dump", "--config"])
+                .arg(dir.path().join(format!("{node}.toml")))
+                .arg(&empty)
+                .output()
+                .expect("sluice check");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    assert!(
+        dumps.iter().all(|d| d == &dumps[0]),
+        "dumps differ: {dumps:#?}"
+    );
+    for name in ["dev0", "dev4", "prod"] {
+        assert!(dumps[0].contains(name), "{name} not in {}", dumps[0]);
+    }
 
     // A node that joins later starts with the fleet's catalog; a DROP reaches it.
     let (_n4, p4) = start(dir.path(), &etcd, "n4", 5);

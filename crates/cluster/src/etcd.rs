@@ -73,12 +73,7 @@ impl Membership {
     /// Connects to etcd and joins the fleet as `options.node`, reachable at `address`.
     pub async fn join(options: ClusterOptions, address: &str) -> Result<Membership> {
         let endpoints = options.endpoints.clone();
-        let connect = options.user.as_ref().map(|(user, password)| {
-            ConnectOptions::new().with_user(user.clone(), password.clone())
-        });
-        let mut client = Client::connect(&endpoints, connect)
-            .await
-            .map_err(|e| etcd_error("cannot connect", &endpoints, e))?;
+        let mut client = connect(&options).await?;
         let ttl = i64::try_from(options.lease_ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         // Retried through a leader election or a member away, as every etcd call here.
         let (lease, granted_at) = grant(&client, ttl, &endpoints).await?;
@@ -133,6 +128,26 @@ impl Membership {
         membership.wait_for_self().await;
         Ok(membership)
     }
+}
+
+/// A client of the etcd `options` names (with its user and password, if any).
+async fn connect(options: &ClusterOptions) -> Result<Client> {
+    let connect = options
+        .user
+        .as_ref()
+        .map(|(user, password)| ConnectOptions::new().with_user(user.clone(), password.clone()));
+    Client::connect(&options.endpoints, connect)
+        .await
+        .map_err(|e| etcd_error("cannot connect", &options.endpoints, e))
+}
+
+/// The fleet's catalog as stored now, read without joining the fleet (`sluice check
+/// --fleet`).
+pub async fn read_catalog(options: &ClusterOptions) -> Result<crate::StoredCatalog> {
+    let client = connect(options).await?;
+    crate::CatalogStore::new(client, &options.prefix, options.endpoints.clone())
+        .load()
+        .await
 }
 
 /// Grants a lease of `ttl` seconds: its id, and when the grant was sent (the lease lives at

@@ -37,14 +37,14 @@ mod shares;
 #[cfg(feature = "etcd")]
 pub use catalog::CatalogStore;
 #[cfg(feature = "etcd")]
-pub use etcd::Membership;
+pub use etcd::{read_catalog, Membership};
 #[cfg(feature = "etcd")]
 pub use shares::ShareBook;
 
 #[cfg(not(feature = "etcd"))]
 mod without_etcd;
 #[cfg(not(feature = "etcd"))]
-pub use without_etcd::{CatalogStore, Membership, ShareBook};
+pub use without_etcd::{read_catalog, CatalogStore, Membership, ShareBook};
 
 /// `[cluster]`: where etcd is and who this node is.
 #[derive(Debug, Clone, PartialEq)]

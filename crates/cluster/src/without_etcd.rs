@@ -7,6 +7,21 @@ use crate::{
     CatalogChange, ClusterOptions, Commit, FleetView, Followed, LeaseState, Node, StoredCatalog,
 };
 
+fn without_the_fleet(options: &ClusterOptions) -> Error {
+    Error::new(
+        ErrorCode::KeeperException,
+        format!(
+            "[cluster] names etcd ({}), but this sluice was built without the fleet: build it with `cargo build --release --features cluster` (which needs protoc: Debian's protobuf-compiler)",
+            options.endpoints.join(", ")
+        ),
+    )
+}
+
+/// Refused: this build has no etcd client.
+pub async fn read_catalog(options: &ClusterOptions) -> Result<StoredCatalog> {
+    Err(without_the_fleet(options))
+}
+
 /// This node's place in a fleet; a build without etcd never has one.
 #[derive(Debug)]
 pub struct Membership {
@@ -16,13 +31,7 @@ pub struct Membership {
 impl Membership {
     /// Refused: this build has no etcd client.
     pub async fn join(options: ClusterOptions, _address: &str) -> Result<Membership> {
-        Err(Error::new(
-            ErrorCode::KeeperException,
-            format!(
-                "[cluster] names etcd ({}), but this sluice was built without the fleet: build it with `cargo build --release --features cluster` (which needs protoc: Debian's protobuf-compiler)",
-                options.endpoints.join(", ")
-            ),
-        ))
+        Err(without_the_fleet(&options))
     }
 
     pub fn catalog(&self) -> CatalogStore {

@@ -430,18 +430,8 @@ impl Shared {
     /// entities, compiled whole and published (the node's own data dir is not read in a
     /// fleet). At start-up, and again whenever following the changes broke.
     pub async fn adopt_fleet_catalog(&self, stored: &sluice_cluster::StoredCatalog) -> Result<()> {
-        let mut items = Vec::with_capacity(stored.entities.len());
-        for (kind, name, text) in &stored.entities {
-            let stmt = sluice_sql::parse_statement(text).map_err(|e| Error {
-                message: format!(
-                    "the fleet's catalog holds {kind} '{name}' that does not parse: {e}"
-                ),
-                ..e
-            })?;
-            items.push((format!("{kind} '{name}' of the fleet's catalog"), stmt));
-        }
         let base = config_layer(&self.options.config_statements)?;
-        let catalog = sluice_catalog::load_statements(base, items)?;
+        let catalog = fleet_catalog(base, stored)?;
         let trees = compile(&catalog, self.options.machine)?;
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();
@@ -815,6 +805,19 @@ fn same_root(a: &sluice_sched::ResourceTree, b: &sluice_sched::ResourceTree) -> 
         (None, None) => true,
         _ => false,
     }
+}
+
+/// The catalog a fleet's stored one makes on top of `base` (a node's config layer).
+pub fn fleet_catalog(base: Catalog, stored: &sluice_cluster::StoredCatalog) -> Result<Catalog> {
+    let mut items = Vec::with_capacity(stored.entities.len());
+    for (kind, name, text) in &stored.entities {
+        let stmt = sluice_sql::parse_statement(text).map_err(|e| Error {
+            message: format!("the fleet's catalog holds {kind} '{name}' that does not parse: {e}"),
+            ..e
+        })?;
+        items.push((format!("{kind} '{name}' of the fleet's catalog"), stmt));
+    }
+    sluice_catalog::load_statements(base, items)
 }
 
 /// The error of a statement refused or stopped by shutdown.
