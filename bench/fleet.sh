@@ -58,10 +58,12 @@ start_node() {
     --data-dir "$work/$name/data" >/dev/null 2>"$work/$name.log" &
   local pid=$!
   for _ in $(seq 100); do
-    grep -q "listening on" "$work/$name.log" 2>/dev/null && break
+    grep -q "listening on" "$work/$name.log" 2>/dev/null && { echo "$pid"; return; }
     sleep 0.1
   done
-  echo "$pid"
+  echo "bench: sluice $name did not start:" >&2
+  cat "$work/$name.log" >&2
+  exit 1
 }
 
 echo "== starting sluice alone and a fleet of three ($SLUICE_BIN)" >&2
@@ -73,6 +75,7 @@ ddl() { psql -X -q -h 127.0.0.1 -p "$1" -U bench -d bench -c "$2" >/dev/null; }
 for port in 6561 6571; do
   ddl "$port" "CREATE RESOURCE slots (QUERY)"
   ddl "$port" "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1000"
+  ddl "$port" "CREATE WORKLOAD open IN all"
 done
 ddl 6571 "CREATE WORKLOAD tight IN all SETTINGS max_concurrent_queries = 8"
 echo 'SELECT 1;' > "$work/select1.sql"
@@ -115,8 +118,8 @@ echo "| protocol | clients | alone TPS | fleet node TPS | fleet/alone | alone p5
 echo "|---|---|---|---|---|---|---|---|---|"
 for mode in simple extended; do
   for clients in 1 16 64; do
-    read -r a_tps a_p50 a_p99 < <(run 6561 "$mode" "$clients" all)
-    read -r f_tps f_p50 f_p99 < <(run 6571 "$mode" "$clients" all)
+    read -r a_tps a_p50 a_p99 < <(run 6561 "$mode" "$clients" open)
+    read -r f_tps f_p50 f_p99 < <(run 6571 "$mode" "$clients" open)
     ratio=$(awk -v a="$f_tps" -v b="$a_tps" 'BEGIN {printf "%.2f", a / b}')
     printf "| %s | %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n" \
       "$mode" "$clients" "$a_tps" "$f_tps" "$ratio" "$a_p50" "$f_p50" "$a_p99" "$f_p99"

@@ -348,6 +348,20 @@ fn most_at_once(events: &[(u64, i64, String)]) -> i64 {
     concurrency(events, 0, u64::MAX).0
 }
 
+/// When `events` first reach their peak, and how many ran on each node then (for messages).
+fn peak(events: &[(u64, i64, String)]) -> String {
+    let (mut now, mut most, mut at, mut by) = (0i64, 0i64, 0u64, std::collections::BTreeMap::new());
+    let mut running: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for (t, delta, node) in events {
+        now += delta;
+        *running.entry(node.as_str()).or_default() += delta;
+        if now > most {
+            (most, at, by) = (now, *t, running.clone());
+        }
+    }
+    format!("{most} at {at} µs: {by:?}")
+}
+
 fn micros_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -573,7 +587,11 @@ fn a_paused_or_killed_node_never_makes_the_fleet_exceed_its_limit() {
     // After n2's lease expired (2 s), n1 and n3 run the limit between them.
     let (_, after_kill) = concurrency(&events, killed + 3_000_000, ended - 1_000_000);
     eprintln!("{answered} answered; at most {most} at once; {paused:.2} while n3 was paused; {after_kill:.2} after n2 was killed; n3 fenced {} times", logged(dir.path(), "n3", "fence"));
-    assert!(most <= 8, "the fleet ran {most} at once (limit 8)");
+    assert!(
+        most <= 8,
+        "the fleet ran {most} at once (limit 8): {}; n3 stopped at {stopped}, n2 killed at {killed}",
+        peak(&events)
+    );
     assert!(
         logged(dir.path(), "n3", "fence") >= 1,
         "n3 never saw its fence pass"

@@ -177,6 +177,13 @@ pub fn fence_of(sent: tokio::time::Instant, ttl: Duration) -> tokio::time::Insta
     sent + ttl.mul_f64(0.9)
 }
 
+/// Whether `e` is etcd saying a lease granted moments ago (at `granted`) is not found: the
+/// member the write landed on has not applied the grant yet.
+fn lease_not_applied_yet(e: &etcd_client::Error, granted: std::time::Instant) -> bool {
+    granted.elapsed() < Duration::from_secs(2)
+        && e.to_string().contains("requested lease not found")
+}
+
 /// Writes the node's key under `lease` if no live node holds the name: whether it is ours.
 async fn claim(
     client: &Client,
@@ -203,6 +210,11 @@ async fn claim(
         match client.txn(claim.clone()).await {
             Ok(claimed) => break claimed,
             Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+            // A member that has not applied the lease's grant yet refuses a write under it
+            // (etcd checks the lease where the request lands): it will have, shortly.
+            Err(e) if lease_not_applied_yet(&e, began) && pause(began, &mut attempt).await => {
+                continue
+            }
             Err(e) => return Err(etcd_error("cannot register the node", endpoints, e)),
         }
     };

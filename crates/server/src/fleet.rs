@@ -9,7 +9,9 @@
 //! [`TICK`] or at once on a change of what the fleet published:
 //!
 //! 1. it publishes this node's demand (per leaf workload: queries waiting and running,
-//!    capped at the largest limit: beyond it more demand changes nothing) when it changed;
+//!    capped at the largest limit: beyond it more demand changes nothing; and whether any
+//!    waits) when it changed — at once while anyone in the fleet has queries waiting, at most
+//!    every [`QUIET_PUBLISH`] while nobody does;
 //! 2. it divides each limit over the live nodes by everyone's demand
 //!    (`sluice_sched::fleet::allot`: every node reaches the same division);
 //! 3. a share above its target is lowered: first in the scheduler (nothing more is admitted
@@ -35,6 +37,10 @@ use crate::state::Shared;
 
 /// How often the keeper looks at local demand when nothing else woke it.
 pub const TICK: Duration = Duration::from_millis(20);
+
+/// How often at most a node publishes a change of its demand while nobody in the fleet has
+/// a query waiting.
+const QUIET_PUBLISH: Duration = Duration::from_millis(250);
 
 /// How long the odd slots of an uneven division stay on the same nodes (see [`turn`]).
 const TURN: Duration = Duration::from_secs(2);
@@ -150,8 +156,11 @@ struct Keeper {
     /// This node's shares as stored in etcd, by workload, with their keys' revisions (what
     /// its next write of each compares).
     held: BTreeMap<String, (i64, i64)>,
-    /// The demand last published.
+    /// The demand last published, and when.
     published: Option<String>,
+    published_at: Option<tokio::time::Instant>,
+    /// When each workload last had a query waiting here.
+    waited: BTreeMap<String, tokio::time::Instant>,
     /// A write of a share may have been stored unbeknown (its answer was lost, or a round
     /// was cut short): settle every share before using any.
     unsure: bool,
@@ -179,6 +188,8 @@ async fn keep_shares(
         lease: alive.borrow().lease,
         held: BTreeMap::new(),
         published: None,
+        published_at: None,
+        waited: BTreeMap::new(),
         unsure: false,
         fenced: true,
     };
@@ -297,13 +308,39 @@ impl Keeper {
         for (workload, running) in shared.metrics.in_flight(resource) {
             *demand.entry(workload).or_default() += running;
         }
+        // A workload counts as waiting for QUIET_PUBLISH after it last had a query waiting:
+        // under a limit that binds, queues empty and fill many times a second, and the flag
+        // would otherwise flicker into etcd with them.
+        let now = tokio::time::Instant::now();
+        for (workload, _) in scheduler.queue_lengths() {
+            self.waited.insert(workload, now);
+        }
+        self.waited
+            .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
+        let waiting = &self.waited;
         let text: String = demand
             .iter()
-            .map(|(w, n)| format!("{w}\t{}\n", (*n).min(cap)))
+            .map(|(w, n)| {
+                let waits = u8::from(waiting.contains_key(w));
+                format!("{w}\t{}\t{waits}\n", (*n).min(cap))
+            })
             .collect();
-        if self.published.as_deref() != Some(text.as_str()) {
+        // While nobody in the fleet has a query waiting, shares bind no one: a change of
+        // demand is published at most every QUIET_PUBLISH (a busy node under a limit that
+        // does not bind would otherwise write to etcd on most of its queries). Once anyone
+        // waits, every change goes out at once: it is what moves slots to the waiting.
+        let urgent = !waiting.is_empty()
+            || fleet
+                .demand
+                .iter()
+                .any(|(node, text)| *node != this && someone_waits(text));
+        let quiet = self
+            .published_at
+            .is_none_or(|at| at.elapsed() >= QUIET_PUBLISH);
+        if self.published.as_deref() != Some(text.as_str()) && (urgent || quiet) {
             self.book.publish_demand(lease.lease, &text).await?;
             self.published = Some(text.clone());
+            self.published_at = Some(tokio::time::Instant::now());
         }
         // 2. The division, on what the fleet published (this node's own demand as it is now).
         let mut nodes: Vec<String> = shared
@@ -359,7 +396,15 @@ impl Keeper {
                 if limit.share != target {
                     scheduler.set_share(&limit.workload, target);
                 }
-                let to = target.max(limit.requests).min(held);
+                // What runs now, read after the cap came down (it cannot rise past the cap
+                // from here; `limit.requests` is from before this round's awaits, when more
+                // may have been admitted under the old cap).
+                let running = scheduler
+                    .limits()
+                    .into_iter()
+                    .find(|l| l.workload == limit.workload)
+                    .map_or(limit.requests, |l| l.requests);
+                let to = target.max(running).min(held);
                 if to < held {
                     let lowered = self
                         .book
@@ -427,12 +472,32 @@ impl Keeper {
     }
 }
 
-/// A node's published demand: `workload<TAB>count` lines.
+/// A node's published demand: `workload<TAB>count<TAB>waits` lines (`waits`: 1 when the
+/// node has queries of the workload waiting).
 fn parse_demand(text: &str) -> BTreeMap<String, i64> {
     text.lines()
         .filter_map(|line| {
-            let (workload, count) = line.rsplit_once('\t')?;
+            let mut fields = line.rsplitn(3, '\t');
+            let (_waits, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
             Some((workload.to_string(), count.parse().ok()?))
         })
         .collect()
+}
+
+/// A node's published demand as `system.nodes` shows it: `workload=count`, and ` (waiting)`
+/// when some of them wait.
+pub fn demand_shown(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.rsplitn(3, '\t');
+            let (waits, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
+            let waiting = if waits == "1" { " (waiting)" } else { "" };
+            Some(format!("{workload}={count}{waiting}"))
+        })
+        .collect()
+}
+
+/// Whether a node's published demand says it has queries waiting.
+fn someone_waits(text: &str) -> bool {
+    text.lines().any(|line| line.ends_with("\t1"))
 }

@@ -377,7 +377,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                         .map(|n| {
                             view.demand
                                 .get(&n.name)
-                                .map(|text| text.lines().map(|l| l.replace('\t', "=")).collect())
+                                .map(|text| crate::fleet::demand_shown(text))
                                 .unwrap_or_default()
                         })
                         .collect(),
