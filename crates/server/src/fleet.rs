@@ -152,7 +152,6 @@ struct Keeper {
     fence: Arc<sluice_sched::Fence>,
     /// The lease the shares in `held` are under.
     lease: i64,
-    /// This node's shares as stored in etcd, by workload.
     /// This node's shares as stored in etcd, by workload, with their keys' revisions (what
     /// its next write of each compares).
     held: BTreeMap<String, (i64, i64)>,
@@ -302,18 +301,16 @@ impl Keeper {
         // 1. This node's demand, published when it changed.
         let cap = limits.iter().map(|l| l.max_requests).max().unwrap_or(0);
         let mut demand: BTreeMap<String, i64> = BTreeMap::new();
-        for (workload, waiting) in scheduler.queue_lengths() {
-            *demand.entry(workload).or_default() += waiting as i64;
-        }
-        for (workload, running) in shared.metrics.in_flight(resource) {
-            *demand.entry(workload).or_default() += running;
-        }
         // A workload counts as waiting for QUIET_PUBLISH after it last had a query waiting:
         // under a limit that binds, queues empty and fill many times a second, and the flag
         // would otherwise flicker into etcd with them.
         let now = tokio::time::Instant::now();
-        for (workload, _) in scheduler.queue_lengths() {
+        for (workload, waiting) in scheduler.queue_lengths() {
+            *demand.entry(workload.clone()).or_default() += waiting as i64;
             self.waited.insert(workload, now);
+        }
+        for (workload, running) in shared.metrics.in_flight(resource) {
+            *demand.entry(workload).or_default() += running;
         }
         self.waited
             .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
