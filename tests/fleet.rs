@@ -37,8 +37,8 @@ fn config(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> PathBuf {
     path
 }
 
-/// The value of the metric `name` (without labels) at `node`'s `/metrics`.
-fn metric(dir: &Path, node: &str, name: &str) -> u64 {
+/// `GET path` on `node`'s HTTP port: the whole response.
+fn http_get(dir: &Path, node: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let port: u16 = std::fs::read_to_string(dir.join(format!("{node}.http")))
         .expect("http port")
@@ -47,11 +47,17 @@ fn metric(dir: &Path, node: &str, name: &str) -> u64 {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("http connect");
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read");
+    text
+}
+
+/// The value of the metric `name` (without labels) at `node`'s `/metrics`.
+fn metric(dir: &Path, node: &str, name: &str) -> u64 {
+    let text = http_get(dir, node, "/metrics");
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("{node} shows no {name}"))
@@ -294,17 +300,14 @@ fn admissions(dir: &Path, nodes: &[&str], deaths: &[(&str, u64)]) -> Vec<(u64, i
                     running.insert(id);
                     events.push((at, 1, node.to_string()));
                 }
-                "release" => {
-                    if running.remove(id) {
-                        events.push((at, -1, node.to_string()));
-                    }
-                }
-                _ => {
+                "release" if running.remove(id) => events.push((at, -1, node.to_string())),
+                "fence" => {
                     for _ in running.iter() {
                         events.push((at, -1, node.to_string()));
                     }
                     running.clear();
                 }
+                _ => {}
             }
         }
     }
@@ -976,5 +979,373 @@ fn replacing_a_limit_under_load_keeps_queued_work_and_holds_the_new_limit() {
     assert!(
         average_8 >= 6.5,
         "the raised limit was not used: {average_8:.2}"
+    );
+}
+
+/// The most admissions of `workload` in any window of `window` micros (`lines` in time order).
+fn most_in_window(lines: &[(u64, String, String, String)], workload: &str, window: u64) -> usize {
+    let times: Vec<u64> = lines
+        .iter()
+        .filter(|l| l.1 == "admit" && l.3 == workload)
+        .map(|l| l.0)
+        .collect();
+    let (mut most, mut start) = (0, 0);
+    for end in 0..times.len() {
+        while times[end] - times[start] > window {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
+/// Clients of `workload` at `ports` (one per entry) running `SELECT pg_sleep(pause)` until
+/// `deadline`, going on after a refusal (`max_waiting_queries`): (answered, refused, other
+/// errors).
+async fn persistent_clients_until(
+    ports: Vec<u16>,
+    workload: &'static str,
+    pause: f64,
+    deadline: tokio::time::Instant,
+) -> (u64, u64, Vec<String>) {
+    let mut tasks = Vec::new();
+    for port in ports {
+        tasks.push(tokio::spawn(async move {
+            let (client, connection) = tokio_postgres::connect(
+                &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+                tokio_postgres::NoTls,
+            )
+            .await
+            .expect("connects");
+            tokio::spawn(connection);
+            let (mut answered, mut refused) = (0, 0);
+            while tokio::time::Instant::now() < deadline {
+                let sql = format!("SELECT pg_sleep({pause}) SETTINGS workload = '{workload}'");
+                let query = client.simple_query(&sql);
+                match tokio::time::timeout_at(deadline + Duration::from_secs(3), query).await {
+                    Ok(Ok(_)) => answered += 1,
+                    Ok(Err(e)) if format!("{e:?}").contains("max_waiting_queries") => {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Ok(Err(e)) => return (answered, refused, Some(format!("{e:?}"))),
+                    Err(_) => return (answered, refused, Some("no answer".to_string())),
+                }
+            }
+            (answered, refused, None)
+        }));
+    }
+    let (mut answered, mut refused, mut failed) = (0, 0, Vec::new());
+    for task in tasks {
+        let (a, r, f) = task.await.expect("client");
+        answered += a;
+        refused += r;
+        failed.extend(f);
+    }
+    (answered, refused, failed)
+}
+
+/// One phase of clients: `ports` (a client each) in `workload` running `SELECT
+/// pg_sleep(pause)` for `seconds` (see [`persistent_clients_until`]); only a query still
+/// waiting at the end may go unanswered. When it began (micros), answered and refused.
+fn clients_phase(
+    runtime: &tokio::runtime::Runtime,
+    ports: Vec<u16>,
+    workload: &'static str,
+    pause: f64,
+    seconds: u64,
+) -> (u64, u64, u64) {
+    let began = micros_now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    let (answered, refused, failed) =
+        runtime.block_on(persistent_clients_until(ports, workload, pause, deadline));
+    assert!(failed.iter().all(|f| f == "no answer"), "{failed:?}");
+    (began, answered, refused)
+}
+
+/// `max_queries_per_second` / `max_burst_queries` and `max_waiting_queries` hold across the
+/// fleet, not per node. The rate: 30 clients over the three nodes never get more than
+/// `burst + rate × T` admissions in any window `T` (plus one per node: a request passes
+/// while its node's bucket is not in debt, as one ClickHouse host lets one through), the
+/// fleet admits at least 80% of the rate while they wait, and when only one node's clients
+/// remain that node takes the rate over. The waiting limit: the merged logs never show more
+/// than it waiting at once across the nodes, and the fleet's queue is used (not stranded on
+/// nodes without clients).
+#[test]
+fn a_rate_and_a_waiting_limit_hold_across_the_fleet() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_etcd, started) = fleet_with(
+        dir.path(),
+        &[
+            "CREATE RESOURCE q (QUERY)",
+            "CREATE WORKLOAD all",
+            "CREATE WORKLOAD r IN all SETTINGS max_queries_per_second = 30, max_burst_queries = 10",
+            "CREATE WORKLOAD w IN all SETTINGS max_concurrent_queries = 3, max_waiting_queries = 6",
+        ],
+        3,
+        5,
+    );
+    let ports: Vec<u16> = started.iter().map(|(_, p)| *p).collect();
+    let nodes = ["n1", "n2", "n3"];
+    let runtime = runtime();
+    // The rate, clients on every node.
+    let spread: Vec<u16> = (0..30).map(|i| ports[i % 3]).collect();
+    let (began, _, _) = clients_phase(&runtime, spread.clone(), "r", 0.0, 12);
+    let lines: Vec<_> = log_lines(dir.path(), &nodes)
+        .into_iter()
+        .filter(|l| l.0 >= began)
+        .collect();
+    for seconds in [1, 2, 4] {
+        let most = most_in_window(&lines, "r", seconds * 1_000_000);
+        let bound = 10 + 30 * seconds as usize + 3;
+        eprintln!("rate: at most {most} admissions in {seconds} s (bound {bound})");
+        assert!(
+            most <= bound,
+            "{most} admissions in {seconds} s: the fleet's rate is 30/s, its burst 10"
+        );
+    }
+    let steady = admitted_in(&lines, "r", began + 3_000_000, began + 12_000_000);
+    let by_node: Vec<usize> = nodes
+        .iter()
+        .map(|n| {
+            lines
+                .iter()
+                .filter(|l| l.1 == "admit" && l.2 == *n && l.3 == "r" && l.0 >= began + 3_000_000)
+                .count()
+        })
+        .collect();
+    eprintln!("rate: {steady} admissions in 9 s with every node waiting, by node {by_node:?}");
+    assert!(
+        steady >= 216,
+        "the fleet admitted {steady} in 9 s at 30/s: capacity stranded"
+    );
+    assert!(
+        by_node.iter().all(|n| *n * 5 >= steady),
+        "clients of one node were served less: {by_node:?}"
+    );
+    // Only n1's clients: n1 takes the rate over.
+    let (began, _, _) = clients_phase(&runtime, vec![ports[0]; 10], "r", 0.0, 8);
+    let lines = log_lines(dir.path(), &nodes);
+    let on_n1 = lines
+        .iter()
+        .filter(|l| l.1 == "admit" && l.2 == "n1" && l.3 == "r")
+        .filter(|l| l.0 >= began + 3_000_000 && l.0 < began + 8_000_000)
+        .count();
+    eprintln!("rate: n1 alone admitted {on_n1} in 5 s");
+    assert!(
+        on_n1 >= 120,
+        "n1 alone admitted {on_n1} in 5 s of a 30/s rate"
+    );
+    // The waiting limit, clients on every node.
+    let (began, answered, refused) = clients_phase(&runtime, spread, "w", 0.05, 10);
+    let lines: Vec<_> = log_lines(dir.path(), &nodes)
+        .into_iter()
+        .filter(|l| l.0 >= began && l.3 == "w")
+        .collect();
+    let events = |plus: &str, minus: &str| -> Vec<(u64, i64, String)> {
+        lines
+            .iter()
+            .filter(|l| l.1 == plus || l.1 == minus)
+            .map(|l| (l.0, if l.1 == plus { 1 } else { -1 }, l.2.clone()))
+            .collect()
+    };
+    let waits = events("wait", "unwait");
+    let (most_waiting, waiting) = concurrency(&waits, began + 2_000_000, began + 10_000_000);
+    let (most_running, _) = concurrency(&events("admit", "release"), began, began + 10_000_000);
+    eprintln!(
+        "waiting: {answered} answered, {refused} refused; at most {most_waiting} waiting ({}), {waiting:.2} on average; at most {most_running} running",
+        peak(&waits)
+    );
+    assert!(
+        refused > 0,
+        "nobody was refused: the waiting limit did not bind"
+    );
+    assert!(
+        most_at_once(&waits) <= 6,
+        "more than 6 waiting across the fleet: {}",
+        peak(&waits)
+    );
+    assert!(most_running <= 3, "{most_running} running on a limit of 3");
+    assert!(
+        waiting >= 4.0,
+        "{waiting:.2} waiting on average while clients were refused: queue stranded"
+    );
+    // Only n1's clients: n1's queue takes the waiting limit over but for one place kept on
+    // each other node (so that a query arriving there can wait at once).
+    let (began, _, _) = clients_phase(&runtime, vec![ports[0]; 10], "w", 0.05, 6);
+    let waits: Vec<(u64, i64, String)> = log_lines(dir.path(), &nodes)
+        .into_iter()
+        .filter(|l| l.0 >= began && l.3 == "w" && (l.1 == "wait" || l.1 == "unwait"))
+        .map(|l| (l.0, if l.1 == "wait" { 1 } else { -1 }, l.2))
+        .collect();
+    let (most, on_n1) = concurrency(&waits, began + 2_000_000, began + 6_000_000);
+    eprintln!("waiting: n1 alone had {on_n1:.2} waiting on average, at most {most}");
+    assert!(
+        on_n1 >= 3.5,
+        "n1 alone had {on_n1:.2} waiting on average of 6"
+    );
+}
+
+/// Issue 37's fifth part: the fleet seen as one. Statements on every node have ids unique
+/// across the fleet; `clusterAllReplicas('default', system.processes)` (and any system
+/// table) on one node shows every node's rows with their `node`; `KILL QUERY` on one node
+/// stops a statement running on another, `MOVE QUERY` moves one; a cluster that is not this
+/// fleet is CLUSTER_DOESNT_EXIST; a node that died leaves the views once its lease expired.
+#[test]
+fn the_fleet_is_seen_and_acted_on_as_one() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_etcd, mut started) = fleet_with(
+        dir.path(),
+        &[
+            "CREATE RESOURCE q (QUERY)",
+            "CREATE WORKLOAD all",
+            "CREATE WORKLOAD a IN all",
+            "CREATE WORKLOAD b IN all",
+        ],
+        3,
+        2,
+    );
+    let ports: Vec<u16> = started.iter().map(|(_, p)| *p).collect();
+    let runtime = runtime();
+    // A long statement on each node.
+    let long = |port: u16| {
+        runtime.spawn(async move {
+            let (client, connection) = tokio_postgres::connect(
+                &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+                tokio_postgres::NoTls,
+            )
+            .await
+            .expect("connects");
+            tokio::spawn(connection);
+            client
+                .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'a'")
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("{e:?}"))
+        })
+    };
+    let sleepers: Vec<_> = ports.iter().map(|p| long(*p)).collect();
+    let listing = "SELECT node || ':' || query_id || ':' || workload FROM clusterAllReplicas('default', system.processes) WHERE query LIKE 'SELECT pg_sleep(60)%' ORDER BY node";
+    let started_at = Instant::now();
+    let rows = loop {
+        let rows = run(ports[0], listing).expect("clusterAllReplicas");
+        if rows.lines().count() == 3 {
+            break rows;
+        }
+        assert!(started_at.elapsed() < Duration::from_secs(20), "{rows}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("fleet processes:\n{rows}");
+    let rows: Vec<(String, u64, String)> = rows
+        .lines()
+        .map(|l| {
+            let mut f = l.split(':');
+            (
+                f.next().expect("node").to_string(),
+                f.next().expect("id").parse().expect("a number"),
+                f.next().expect("workload").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        ["n1", "n2", "n3"]
+    );
+    let mut ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        3,
+        "query ids not unique across the fleet: {rows:?}"
+    );
+    // The other forms, and another table: every node's scheduler.
+    let one = run(ports[1], "SELECT count(*) FROM system.scheduler").expect("scheduler");
+    let all = run(
+        ports[1],
+        "SELECT count(*) FROM clusterAllReplicas(default, 'system', 'scheduler')",
+    )
+    .expect("scheduler of the fleet");
+    assert_eq!(
+        all.parse::<u64>().expect("a count"),
+        3 * one.parse::<u64>().expect("a count")
+    );
+    let nodes = run(
+        ports[2],
+        "SELECT string_agg(DISTINCT node, ',' ORDER BY node) FROM clusterAllReplicas('fleet-test', 'system.scheduler')",
+    )
+    .expect("by the fleet's name");
+    assert_eq!(nodes, "n1,n2,n3");
+    // The live page of any node shows every node's statements and trees.
+    let state = http_get(dir.path(), "n1", "/state");
+    for node in ["n2", "n3"] {
+        let shown = format!("\"node\":\"{node}\"");
+        assert!(
+            state.matches(&shown).count() >= 2,
+            "n1's live page does not show {node}'s tree and statement: {state}"
+        );
+    }
+    let unknown = run(
+        ports[0],
+        "SELECT * FROM clusterAllReplicas('elsewhere', system.processes)",
+    )
+    .expect_err("an unknown cluster");
+    assert!(
+        unknown.contains("Requested cluster 'elsewhere' not found"),
+        "{unknown}"
+    );
+    // KILL on n1 of n2's statement; MOVE on n1 of n3's.
+    let (n2, n3) = (rows[1].1, rows[2].1);
+    let killed = run(ports[0], &format!("KILL QUERY WHERE query_id = {n2}")).expect("kill");
+    assert!(killed.starts_with("waiting|"), "{killed}");
+    let moved = run(
+        ports[0],
+        &format!("MOVE QUERY WHERE query_id = {n3} TO WORKLOAD b"),
+    )
+    .expect("move");
+    assert!(moved.starts_with("moved from a|"), "{moved}");
+    says(
+        ports[2],
+        &format!("SELECT workload FROM system.processes WHERE query_id = {n3}"),
+        "b",
+    );
+    let n2_said = runtime.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            sleepers.into_iter().nth(1).expect("n2's client"),
+        )
+        .await
+        .expect("n2's statement ended")
+        .expect("client")
+    });
+    let error = n2_said.expect_err("killed");
+    assert!(error.contains("Query was cancelled: KILL QUERY"), "{error}");
+    // Learned lanes are the fleet's: pinned on n1, seen on n2 and n3; forgotten on n3, gone
+    // everywhere.
+    run(ports[0], "PIN FINGERPRINT '00000000c0ffee00' TO WORKLOAD b").expect("pin");
+    for port in &ports[1..] {
+        says(
+            *port,
+            "SELECT lane || ':' || pinned FROM system.fingerprints WHERE fingerprint = '00000000c0ffee00'",
+            "b:true",
+        );
+    }
+    run(ports[2], "FORGET FINGERPRINT '00000000c0ffee00'").expect("forget");
+    for port in &ports[..2] {
+        says(
+            *port,
+            "SELECT count(*) FROM system.fingerprints WHERE fingerprint = '00000000c0ffee00' AND lane IS NOT NULL",
+            "0",
+        );
+    }
+    // A node killed: once its lease expired, the views leave it out (and do not wait on it).
+    let (mut n3_server, _) = started.remove(2);
+    n3_server.0.kill().expect("kill -9");
+    n3_server.0.wait().expect("reaped");
+    says(
+        ports[0],
+        "SELECT string_agg(DISTINCT node, ',' ORDER BY node) FROM clusterAllReplicas('default', system.scheduler)",
+        "n1,n2",
     );
 }

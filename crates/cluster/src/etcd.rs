@@ -1,7 +1,7 @@
 //! The fleet on etcd (the `etcd` feature): [`Membership`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +30,10 @@ pub struct Membership {
     alive: tokio::sync::watch::Receiver<LeaseState>,
     /// Its lease's renewals and the members' watch, ended when it leaves or is dropped.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Its number in the fleet (see [`claim_number`]).
+    number: Arc<AtomicU64>,
+    /// Its requests to the other nodes (one, so that their ids are unique).
+    requests: crate::Requests,
 }
 
 impl std::fmt::Debug for Membership {
@@ -89,6 +93,16 @@ impl Membership {
                 ),
             ));
         }
+        let number = claim_number(
+            &client,
+            &options.prefix,
+            &options.node,
+            lease,
+            0,
+            &endpoints,
+        )
+        .await?;
+        let number = Arc::new(AtomicU64::new(number));
         let nodes = Arc::new(Mutex::new(BTreeMap::new()));
         let lost = Arc::new(AtomicBool::new(false));
         let lease_now = Arc::new(AtomicI64::new(lease));
@@ -105,6 +119,9 @@ impl Membership {
             lease: lease_now.clone(),
             lost: lost.clone(),
             alive: alive_tx,
+            prefix: options.prefix.clone(),
+            node: options.node.clone(),
+            number: number.clone(),
         };
         let tasks = vec![
             tokio::spawn(keep_alive(renewal)),
@@ -116,6 +133,8 @@ impl Membership {
             )),
         ];
         tracing::info!(node = %options.node, lease, "joined the fleet on etcd ({})", endpoints.join(", "));
+        let requests =
+            crate::Requests::new(client.clone(), &options.prefix, &options.node, endpoints);
         let membership = Membership {
             options,
             client,
@@ -124,6 +143,8 @@ impl Membership {
             lost,
             alive,
             tasks: Mutex::new(tasks),
+            number,
+            requests,
         };
         membership.wait_for_self().await;
         Ok(membership)
@@ -182,6 +203,85 @@ pub fn fence_of(sent: tokio::time::Instant, ttl: Duration) -> tokio::time::Insta
 fn lease_not_applied_yet(e: &etcd_client::Error, granted: std::time::Instant) -> bool {
     granted.elapsed() < Duration::from_secs(2)
         && e.to_string().contains("requested lease not found")
+}
+
+/// The most nodes a fleet numbers (see [`claim_number`]).
+const NUMBERS: u64 = 1000;
+
+/// Claims a number for the node, unique among the live nodes (`PREFIX/numbers/K`, under its
+/// lease): `preferred` if it is free (the one it had before a lost lease), else the
+/// smallest free one. Statement ids are made unique across the fleet with it.
+async fn claim_number(
+    client: &Client,
+    prefix: &str,
+    node: &str,
+    lease: i64,
+    preferred: u64,
+    endpoints: &[String],
+) -> Result<u64> {
+    let mut client = client.clone();
+    let numbers = format!("{}/numbers/", prefix.trim_end_matches('/'));
+    let (began, mut attempt) = (std::time::Instant::now(), 0);
+    loop {
+        let held = match client
+            .get(numbers.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+        {
+            Ok(held) => held,
+            Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
+            Err(e) => return Err(etcd_error("cannot number the node", endpoints, e)),
+        };
+        let taken: std::collections::BTreeSet<u64> = held
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                kv.key_str()
+                    .ok()?
+                    .strip_prefix(numbers.as_str())?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        let Some(number) = std::iter::once(preferred)
+            .chain(1..NUMBERS)
+            .find(|n| *n > 0 && !taken.contains(n))
+        else {
+            return Err(Error::new(
+                ErrorCode::KeeperException,
+                format!(
+                    "a fleet numbers at most {} nodes, and as many are live",
+                    NUMBERS - 1
+                ),
+            ));
+        };
+        let key = format!("{numbers}{number}");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                node,
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        match client.txn(txn).await {
+            Ok(done) if done.succeeded() => return Ok(number),
+            Ok(done) => {
+                // A retried try of ours that was stored finds its own key.
+                let ours = done.op_responses().into_iter().any(|r| match r {
+                    etcd_client::TxnOpResponse::Get(get) => {
+                        get.kvs().first().is_some_and(|kv| kv.lease() == lease)
+                    }
+                    _ => false,
+                });
+                if ours {
+                    return Ok(number);
+                }
+            }
+            Err(e) if transient(&e) && pause(began, &mut attempt).await => {}
+            Err(e) if lease_not_applied_yet(&e, began) && pause(began, &mut attempt).await => {}
+            Err(e) => return Err(etcd_error("cannot number the node", endpoints, e)),
+        }
+    }
 }
 
 /// Writes the node's key under `lease` if no live node holds the name: whether it is ours.
@@ -285,6 +385,26 @@ impl Membership {
         self.alive.clone()
     }
 
+    /// This node's number in the fleet: unique among the live nodes, from 1.
+    pub fn number(&self) -> u64 {
+        self.number.load(Ordering::Relaxed)
+    }
+
+    /// The fleet's shared map `name` (`PREFIX/NAME/`), on this node's connection.
+    pub fn map(&self, name: &str) -> crate::SharedMap {
+        crate::SharedMap::new(
+            self.client.clone(),
+            &self.options.prefix,
+            name,
+            self.options.endpoints.clone(),
+        )
+    }
+
+    /// Requests between the fleet's nodes, on this node's connection.
+    pub fn requests(&self) -> crate::Requests {
+        self.requests.clone()
+    }
+
     /// The fleet's shares of cluster-wide limits in etcd, on this node's connection.
     pub fn share_book(&self) -> crate::ShareBook {
         crate::ShareBook::new(
@@ -320,6 +440,9 @@ struct Renewal {
     lease: Arc<AtomicI64>,
     lost: Arc<AtomicBool>,
     alive: tokio::sync::watch::Sender<LeaseState>,
+    prefix: String,
+    node: String,
+    number: Arc<AtomicU64>,
 }
 
 /// Renews the lease every third of its TTL for as long as the node runs (a failed renewal is
@@ -389,6 +512,25 @@ async fn rejoin(r: &Renewal) {
             Ok((lease, sent)) => {
                 match claim(&r.client, &r.key, &r.address, lease, &r.endpoints).await {
                     Ok(true) => {
+                        let before = r.number.load(Ordering::Relaxed);
+                        match claim_number(
+                            &r.client,
+                            &r.prefix,
+                            &r.node,
+                            lease,
+                            before,
+                            &r.endpoints,
+                        )
+                        .await
+                        {
+                            Ok(number) => r.number.store(number, Ordering::Relaxed),
+                            Err(e) => {
+                                tracing::warn!("joining the fleet again: {e}");
+                                let _ = r.client.clone().lease_revoke(lease).await;
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                continue;
+                            }
+                        }
                         r.lease.store(lease, Ordering::Relaxed);
                         r.lost.store(false, Ordering::Relaxed);
                         r.alive.send_replace(LeaseState {

@@ -8,7 +8,10 @@
 //! lease's renewals say until when it certainly lives ([`LeaseState`]), and a lease lost is
 //! replaced by a new one. The shares of the fleet's limits (`shares.rs`: each node's share
 //! of a limit under its lease, grown only by a transaction that keeps their sum within the
-//! limit) and the demand each node publishes. (To come: fleet-wide lanes.)
+//! limit; rates and waiting limits alike, by their limit's key) and the demand each node
+//! publishes; a node's number (`PREFIX/numbers/K`, unique among live nodes: statement ids);
+//! requests between nodes (`requests.rs`: one node asks, the named nodes answer, all through
+//! etcd); maps the fleet shares durably (`map.rs`: the learned lanes).
 //!
 //! Invariants:
 //! - A node's key exists only while its lease does: a node that dies leaves the fleet within
@@ -17,6 +20,8 @@
 //!   etcd transaction compares the key's creation and writes it).
 //! - What [`Membership::nodes`] shows is etcd's members as of the last watch event.
 //! - A limit's shares in etcd never sum above the limit (see `shares.rs`).
+//! - Two live nodes never hold one number (claimed by a transaction comparing its key's
+//!   creation, under the node's lease).
 //!
 //! Must not: schedule anything or know SQL beyond the error type; `sluice-server` wires it.
 //!
@@ -31,6 +36,10 @@ mod catalog;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
+mod map;
+#[cfg(feature = "etcd")]
+mod requests;
+#[cfg(feature = "etcd")]
 mod retry;
 #[cfg(feature = "etcd")]
 mod shares;
@@ -39,12 +48,18 @@ pub use catalog::CatalogStore;
 #[cfg(feature = "etcd")]
 pub use etcd::{read_catalog, Membership};
 #[cfg(feature = "etcd")]
+pub use map::{MapChange, SharedMap};
+#[cfg(feature = "etcd")]
+pub use requests::Requests;
+#[cfg(feature = "etcd")]
 pub use shares::ShareBook;
 
 #[cfg(not(feature = "etcd"))]
 mod without_etcd;
 #[cfg(not(feature = "etcd"))]
-pub use without_etcd::{read_catalog, CatalogStore, Membership, ShareBook};
+pub use without_etcd::{
+    read_catalog, CatalogStore, MapChange, Membership, Requests, ShareBook, SharedMap,
+};
 
 /// `[cluster]`: where etcd is and who this node is.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +104,33 @@ pub struct LeaseState {
     pub lease: i64,
     pub until: Option<tokio::time::Instant>,
 }
+
+/// The name of one limit of one workload in the fleet's keys: `KIND:WORKLOAD` with `%` and
+/// `/` escaped (workload names may hold `/`; a limit's name must not, so that the prefix
+/// `shares/LIMIT/` holds its shares and no other's).
+pub fn limit_key(kind: &str, workload: &str) -> String {
+    format!(
+        "{kind}:{}",
+        workload.replace('%', "%25").replace('/', "%2F")
+    )
+}
+
+/// The kind and workload of a [`limit_key`].
+pub fn parse_limit_key(key: &str) -> Option<(&str, String)> {
+    let (kind, workload) = key.split_once(':')?;
+    Some((kind, workload.replace("%2F", "/").replace("%25", "%")))
+}
+
+/// What a node does with a request: `(what, body)` to its answer, or an error for the asker.
+pub type Handler = std::sync::Arc<
+    dyn Fn(
+            String,
+            Vec<u8>,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send>,
+        > + Send
+        + Sync,
+>;
 
 /// What the fleet has published of demand and shares, as of a watch event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

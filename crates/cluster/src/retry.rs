@@ -46,3 +46,24 @@ pub(crate) fn etcd_error(what: &str, endpoints: &[String], e: etcd_client::Error
         format!("etcd ({}): {what}: {e}{hint}", endpoints.join(", ")),
     )
 }
+
+/// Retries `call` while etcd elects a leader or a member is away (see [`transient`]).
+macro_rules! retried {
+    ($what:expr, $endpoints:expr, $call:expr) => {{
+        let (began, mut attempt) = (std::time::Instant::now(), 0);
+        loop {
+            match $call {
+                Ok(answer) => break answer,
+                Err(e)
+                    if $crate::retry::transient(&e)
+                        && $crate::retry::pause(began, &mut attempt).await =>
+                {
+                    continue
+                }
+                Err(e) => return Err($crate::retry::etcd_error($what, $endpoints, e)),
+            }
+        }
+    }};
+}
+
+pub(crate) use retried;

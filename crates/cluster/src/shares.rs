@@ -3,11 +3,12 @@
 //! Keys, under `PREFIX/fleet/`:
 //! - `demand/NODE`: what a node has waiting and running, by workload (its text is the
 //!   server's), under the node's lease;
-//! - `shares/WORKLOAD/NODE`: the slots of `WORKLOAD`'s limit the node holds, under the node's
-//!   lease, so that a node that dies gives its shares back when its lease expires;
-//! - `guard/WORKLOAD`: rewritten by every growth of a share of `WORKLOAD`.
+//! - `shares/LIMIT/NODE`: what the node holds of `LIMIT` (see [`crate::limit_key`]: one limit of one
+//!   workload, such as `slots:W`), under the node's lease, so that a node that dies gives its
+//!   shares back when its lease expires;
+//! - `guard/LIMIT`: rewritten by every growth of a share of `LIMIT`.
 //!
-//! The invariant, for every workload `W` with limit `L` and at every revision of etcd: the
+//! The invariant, for every limit `W` of size `L` and at every revision of etcd: the
 //! shares of `W` sum to at most `L`. A share only grows by [`ShareBook::grow`]: one
 //! transaction that compares `guard/W`'s revision with the one read before the shares were
 //! summed (and the catalog's version with the one the limit was read from), and writes the
@@ -24,14 +25,12 @@
 //! earlier write can be stored after that. Keys are never deleted by their node (a share of
 //! 0 stays as "0"), so a revision compared is never that of an absent key come back.
 
-use std::time::Instant;
-
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use sluice_sql::Result;
 
-use crate::retry::{etcd_error, pause, transient};
+use crate::retry::{etcd_error, retried};
 use crate::FleetView;
 
 /// This node's side of the fleet's shares in etcd.
@@ -53,20 +52,6 @@ impl std::fmt::Debug for ShareBook {
             .field("node", &self.node)
             .finish_non_exhaustive()
     }
-}
-
-/// Retries `call` while etcd elects a leader or a member is away (see [`transient`]).
-macro_rules! retried {
-    ($what:expr, $endpoints:expr, $call:expr) => {{
-        let (began, mut attempt) = (Instant::now(), 0);
-        loop {
-            match $call {
-                Ok(answer) => break answer,
-                Err(e) if transient(&e) && pause(began, &mut attempt).await => continue,
-                Err(e) => return Err(etcd_error($what, $endpoints, e)),
-            }
-        }
-    }};
 }
 
 impl ShareBook {
@@ -335,7 +320,7 @@ impl ShareBook {
                 None => view.demand.remove(node),
             };
         } else if let Some(share) = rest.strip_prefix("shares/") {
-            // Workload names may hold '/'; node names may not.
+            // Neither a limit's key nor a node's name holds '/'.
             let Some((workload, node)) = share.rsplit_once('/') else {
                 return;
             };

@@ -4,7 +4,8 @@
 use sluice_sql::{Error, ErrorCode, Result};
 
 use crate::{
-    CatalogChange, ClusterOptions, Commit, FleetView, Followed, LeaseState, Node, StoredCatalog,
+    CatalogChange, ClusterOptions, Commit, FleetView, Followed, Handler, LeaseState, Node,
+    StoredCatalog,
 };
 
 fn without_the_fleet(options: &ClusterOptions) -> Error {
@@ -59,6 +60,18 @@ impl Membership {
     }
 
     pub fn share_book(&self) -> ShareBook {
+        match self.never {}
+    }
+
+    pub fn number(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn requests(&self) -> Requests {
+        match self.never {}
+    }
+
+    pub fn map(&self, _name: &str) -> SharedMap {
         match self.never {}
     }
 
@@ -134,6 +147,60 @@ impl ShareBook {
     }
 
     pub async fn follow(&self, _view: tokio::sync::watch::Sender<FleetView>) {
+        match self.never {}
+    }
+}
+
+/// Requests between the fleet's nodes; a build without etcd never has them.
+#[derive(Debug, Clone)]
+pub struct Requests {
+    never: std::convert::Infallible,
+}
+
+impl Requests {
+    pub async fn ask(
+        &self,
+        _lease: i64,
+        _what: &str,
+        _body: &[u8],
+        _nodes: &[String],
+        _wait: std::time::Duration,
+    ) -> Result<std::collections::BTreeMap<String, std::result::Result<Vec<u8>, String>>> {
+        match self.never {}
+    }
+
+    pub async fn answer(&self, _handler: Handler) {
+        match self.never {}
+    }
+}
+
+/// One change of a shared map (see the `etcd` build's `SharedMap`).
+pub type MapChange = (String, Option<String>);
+
+/// A map the fleet shares; a build without etcd never has one.
+#[derive(Debug, Clone)]
+pub struct SharedMap {
+    never: std::convert::Infallible,
+}
+
+impl SharedMap {
+    pub async fn put(&self, _key: &str, _value: &str) -> Result<()> {
+        match self.never {}
+    }
+
+    pub async fn delete(&self, _key: &str) -> Result<()> {
+        match self.never {}
+    }
+
+    pub async fn load(&self) -> Result<(Vec<(String, String)>, i64)> {
+        match self.never {}
+    }
+
+    pub async fn follow(
+        &self,
+        _from: i64,
+        _changes: tokio::sync::mpsc::UnboundedSender<MapChange>,
+    ) -> Result<()> {
         match self.never {}
     }
 }

@@ -208,6 +208,104 @@ fn collect(w: &Workload, nodes: &[String], state: &Division, turn: u64, out: &mu
     }
 }
 
+/// Divides a limit that is not a number of slots — a rate (`max_queries_per_second`, in
+/// thousandths) or a number of waiters (`max_waiting_queries`) — over the live `nodes` by
+/// what each wants: `(amount, more)`, where `more` says the node would use more than it
+/// holds (its queries wait on the rate; its queue refused some). Max-min fair: a node that
+/// wants more gets an equal level of what is left once every node that wants a bounded
+/// amount has it; what nobody wants is spread evenly, so that a node with no demand still
+/// holds something to admit its first query with. Units left by rounding go to the nodes
+/// first in the `turn`'s order (see [`allot`]). The shares sum to `limit` (less when there
+/// are no nodes).
+pub fn divide(
+    limit: i64,
+    nodes: &[String],
+    wants: &BTreeMap<String, (i64, bool)>,
+    turn: u64,
+) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    if nodes.is_empty() || limit <= 0 {
+        return nodes.iter().map(|n| (n.clone(), 0)).collect();
+    }
+    let want = |n: &String| wants.get(n).copied().unwrap_or((0, false));
+    let limit_f = limit as f64;
+    let bounded: f64 = nodes
+        .iter()
+        .filter(|n| !want(n).1)
+        .map(|n| want(n).0.max(0) as f64)
+        .sum();
+    let unbounded = nodes.iter().filter(|n| want(n).1).count();
+    let mut given: BTreeMap<String, f64> = BTreeMap::new();
+    if unbounded == 0 && bounded <= limit_f {
+        // Everyone has what it wants; the rest evenly.
+        let spare = (limit_f - bounded) / nodes.len() as f64;
+        for n in nodes {
+            given.insert(n.clone(), want(n).0.max(0) as f64 + spare);
+        }
+    } else {
+        // Water-filling: the level at which the shares sum to the limit, where a node that
+        // wants more wants without bound.
+        let mut caps: Vec<f64> = nodes
+            .iter()
+            .map(|n| {
+                let (amount, more) = want(n);
+                if more {
+                    f64::INFINITY
+                } else {
+                    amount.max(0) as f64
+                }
+            })
+            .collect();
+        caps.sort_by(f64::total_cmp);
+        let (mut left, mut level) = (limit_f, 0.0);
+        for (i, cap) in caps.iter().enumerate() {
+            let rest = (caps.len() - i) as f64;
+            if *cap * rest >= left {
+                level = left / rest;
+                break;
+            }
+            left -= cap;
+            level = *cap;
+        }
+        for n in nodes {
+            let (amount, more) = want(n);
+            let cap = if more {
+                f64::INFINITY
+            } else {
+                amount.max(0) as f64
+            };
+            given.insert(n.clone(), cap.min(level));
+        }
+    }
+    let count = nodes.len();
+    let mut order: Vec<(usize, &String)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ((i + count - (turn % count as u64) as usize) % count, n))
+        .collect();
+    order.sort();
+    let mut sum = 0;
+    for n in nodes {
+        let share = given[n].floor() as i64;
+        sum += share;
+        out.insert(n.clone(), share);
+    }
+    // Rounding's remainder, one unit each in the turn's order (to those that want more first).
+    let mut left = limit - sum;
+    for wanting in [true, false] {
+        for (_, n) in &order {
+            if left <= 0 {
+                break;
+            }
+            if want(n).1 == wanting {
+                *out.get_mut(*n).expect("every node has a share") += 1;
+                left -= 1;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +423,66 @@ mod tests {
         assert_eq!(a["x"].values().sum::<i64>(), 2);
         for shares in a.values() {
             assert!(shares.values().all(|s| *s >= 0));
+        }
+    }
+
+    fn wants(rows: &[(&str, i64, bool)]) -> BTreeMap<String, (i64, bool)> {
+        rows.iter()
+            .map(|(n, a, m)| (n.to_string(), (*a, *m)))
+            .collect()
+    }
+
+    #[test]
+    fn a_rate_is_divided_max_min_fair_and_what_nobody_wants_evenly() {
+        let nodes = nodes();
+        // Nobody wants anything: evenly, the odd unit by turn.
+        let idle = divide(10_000, &nodes, &wants(&[]), 0);
+        assert_eq!(idle.values().sum::<i64>(), 10_000);
+        assert!(
+            idle.values().all(|v| (3_333..=3_334).contains(v)),
+            "{idle:?}"
+        );
+        // One node uses 5/s and wants no more: it keeps that, the rest evenly.
+        let one = divide(10_000, &nodes, &wants(&[("a", 5_000, false)]), 0);
+        assert!((6_666..=6_667).contains(&one["a"]), "{one:?}");
+        assert_eq!(one.values().sum::<i64>(), 10_000);
+        // b wants more; a uses 3/s and c 1/s: they keep that, b has the rest.
+        let two = divide(
+            10_000,
+            &nodes,
+            &wants(&[("a", 3_000, false), ("b", 2_000, true), ("c", 1_000, false)]),
+            0,
+        );
+        assert_eq!((two["a"], two["b"], two["c"]), (3_000, 6_000, 1_000));
+        // a uses more than the level b is brought to: both at the level.
+        let level = divide(
+            10_000,
+            &nodes,
+            &wants(&[("a", 5_000, false), ("b", 2_000, true), ("c", 1_000, false)]),
+            0,
+        );
+        assert_eq!((level["a"], level["b"], level["c"]), (4_500, 4_500, 1_000));
+        // Two want more: they split what the bounded one leaves.
+        let three = divide(
+            10_000,
+            &nodes,
+            &wants(&[("a", 9_000, true), ("b", 0, true), ("c", 1_000, false)]),
+            1,
+        );
+        assert_eq!((three["a"], three["b"], three["c"]), (4_500, 4_500, 1_000));
+        // Bounded demand above the limit: the level cuts the largest.
+        let over = divide(
+            9,
+            &nodes,
+            &wants(&[("a", 8, false), ("b", 2, false), ("c", 1, false)]),
+            2,
+        );
+        assert_eq!((over["a"], over["b"], over["c"]), (6, 2, 1));
+        // Rounding never goes over, whatever the turn.
+        for turn in 0..6 {
+            let d = divide(7, &nodes, &wants(&[("a", 1, true), ("b", 1, true)]), turn);
+            assert_eq!(d.values().sum::<i64>(), 7, "{d:?}");
+            assert_eq!(d["c"], 0, "{d:?}");
         }
     }
 }

@@ -28,7 +28,8 @@ pub mod space;
 pub mod tree;
 
 pub use runtime::{
-    Acquire, Clock, Fence, LimitState, NodeState, NodeStats, Permit, ResourceScheduler, TokioClock,
+    Acquire, Clock, Fence, LimitKind, LimitState, NodeState, NodeStats, Permit, ResourceScheduler,
+    TokioClock,
 };
 pub use shares::{shares, ShareRow};
 pub use space::{

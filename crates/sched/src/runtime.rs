@@ -149,6 +149,8 @@ enum RtKind {
     Queue {
         queue: VecDeque<u64>,
         max_queued: i64,
+        /// In a fleet: this node's share of `max_queued` (see [`Fence`]); `i64::MAX` alone.
+        share: i64,
     },
     Inflight {
         max_requests: i64,
@@ -158,11 +160,18 @@ enum RtKind {
         /// In a fleet: this node's share of `max_requests` (see [`Fence`]); `i64::MAX` alone.
         share: i64,
     },
+    /// `max_speed` and `max_burst` are what this node may use: the workload's own alone, in a
+    /// fleet its share of them (`share` of `limit_speed`, in thousandths of a request per
+    /// second, and the burst in the same proportion).
     Bandwidth {
         max_speed: f64,
         max_burst: f64,
         tokens: f64,
         last: Instant,
+        limit_speed: f64,
+        limit_burst: f64,
+        /// In a fleet: this node's share of `limit_speed` in thousandths; `i64::MAX` alone.
+        share: i64,
     },
     Priority,
     Fair {
@@ -222,6 +231,8 @@ struct Grant {
     /// The scheduler whose nodes `leaf` indexes. Strong: a grant never stays in that
     /// scheduler's state (only in a channel to its `Acquire` or in a `Permit`), so no cycle.
     owner: Arc<Shared>,
+    /// When it left its queue (`None`: granted without waiting).
+    dequeued: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -307,16 +318,51 @@ impl Fence {
     }
 }
 
-/// One `inflight_limit` of a scheduler, as the fleet's share keeper reads it.
+/// Which of a workload's limits a [`LimitState`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LimitKind {
+    /// `max_concurrent_queries` (an `inflight_limit`): requests in flight.
+    Slots,
+    /// `max_queries_per_second` and `max_burst_queries` (a `bandwidth_limit`), in thousandths
+    /// of a request per second; the burst is divided in the same proportion as the rate.
+    Rate,
+    /// `max_waiting_queries` (a leaf's queue): requests waiting.
+    Waiting,
+}
+
+impl LimitKind {
+    /// Its name in the fleet's keys and views.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitKind::Slots => "slots",
+            LimitKind::Rate => "rate",
+            LimitKind::Waiting => "waiting",
+        }
+    }
+}
+
+/// One limit of a scheduler, as the fleet's share keeper reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitState {
     /// The workload it limits.
     pub workload: String,
+    pub kind: LimitKind,
+    /// The limit, in the kind's units (requests; thousandths of a request per second).
     pub max_requests: i64,
-    /// Requests in flight under it now.
+    /// What this node holds of it now and cannot give back before it ends: requests in
+    /// flight (slots), requests waiting (waiting); 0 for a rate.
     pub requests: i64,
     /// This node's share of `max_requests` (`i64::MAX` outside a fleet).
     pub share: i64,
+    /// Requests that passed it since the scheduler started (a rate's use is measured on it).
+    pub passed: u64,
+    /// Requests waiting below it now.
+    pub pending: usize,
+    /// Whether it holds requests back now for want of a bigger share: requests wait below a
+    /// full share of slots or an empty bucket; the queue is full to its share.
+    pub binds: bool,
+    /// Requests it refused since the scheduler started (a queue at its share).
+    pub rejected: u64,
 }
 
 /// Where a replaced scheduler forwards to.
@@ -480,14 +526,20 @@ impl ResourceScheduler {
                     *to_share = *share;
                     constraints.insert(i, j);
                 }
-                (
-                    RtKind::Bandwidth { tokens, .. },
-                    RtKind::Bandwidth {
+                (RtKind::Bandwidth { tokens, share, .. }, to) => {
+                    let (tokens, share) = (*tokens, *share);
+                    if share != i64::MAX {
+                        share_rate(to, share);
+                    }
+                    if let RtKind::Bandwidth {
                         tokens: to_tokens,
                         max_burst,
                         ..
-                    },
-                ) => *to_tokens = tokens.min(*max_burst),
+                    } = to
+                    {
+                        *to_tokens = tokens.min(*max_burst);
+                    }
+                }
                 _ => {}
             }
         }
@@ -507,6 +559,18 @@ impl ResourceScheduler {
                 .unwrap_or_default()
                 .to_string();
             let target = new.leaves.get(&workload).copied().flatten();
+            if let (Some(target), RtKind::Queue { share, .. }) = (target, &old.nodes[leaf].kind) {
+                if let RtKind::Queue {
+                    share: to_share,
+                    max_queued,
+                    ..
+                } = &mut new.nodes[target].kind
+                {
+                    if *max_queued < sluice_catalog::UNLIMITED && *share != i64::MAX {
+                        *to_share = *share;
+                    }
+                }
+            }
             for id in queued {
                 let Some(waiting) = old.waiting.remove(&id) else {
                     continue;
@@ -706,20 +770,34 @@ impl ResourceScheduler {
         self.with_current(|_, state| enter_fleet(state, fence));
     }
 
-    /// Sets this node's share of `workload`'s `inflight_limit` and grants what it lets
-    /// through. A smaller share admits nothing until the requests in flight are below it (it
-    /// never stops what runs). False when the workload has no `inflight_limit` here.
-    pub fn set_share(&self, workload: &str, to: i64) -> bool {
+    /// Sets this node's share of `workload`'s limit of `kind` and grants what it lets
+    /// through. A smaller share of slots admits nothing until the requests in flight are
+    /// below it (it never stops what runs); of waiting, queues nothing more until fewer wait;
+    /// of a rate, refills slower from now on and keeps no more tokens than its burst. False
+    /// when the workload has no such limit here.
+    pub fn set_share(&self, workload: &str, kind: LimitKind, to: i64) -> bool {
+        let now = self.shared.clock.now();
         self.with_current(|shared, state| {
             let mut found = false;
             for node in &mut state.nodes {
                 if node.owner.as_deref() != Some(workload) {
                     continue;
                 }
-                if let RtKind::Inflight { share, .. } = &mut node.kind {
-                    *share = to.max(0);
-                    found = true;
+                match (&mut node.kind, kind) {
+                    (RtKind::Inflight { share, .. }, LimitKind::Slots) => *share = to.max(0),
+                    (
+                        RtKind::Queue {
+                            share, max_queued, ..
+                        },
+                        LimitKind::Waiting,
+                    ) if *max_queued < sluice_catalog::UNLIMITED => *share = to.max(0),
+                    (limit @ RtKind::Bandwidth { .. }, LimitKind::Rate) => {
+                        refill(limit, now);
+                        share_rate(limit, to.max(0));
+                    }
+                    _ => continue,
                 }
+                found = true;
             }
             if found {
                 state.epoch += 1;
@@ -737,26 +815,64 @@ impl ResourceScheduler {
         });
     }
 
-    /// Every `inflight_limit` with the workload it limits, its requests in flight and this
-    /// node's share of it.
+    /// Every limit the fleet divides (an `inflight_limit`, a `bandwidth_limit`, a bounded
+    /// queue) with the workload it limits, what this node holds of it and its share of it.
     pub fn limits(&self) -> Vec<LimitState> {
         self.with_current(|_, state| {
             state
                 .nodes
                 .iter()
-                .filter_map(|n| match n.kind {
-                    RtKind::Inflight {
-                        max_requests,
-                        requests,
-                        share,
-                        ..
-                    } => Some(LimitState {
+                .filter_map(|n| {
+                    let waits = n.pending > 0;
+                    let (kind, max_requests, requests, share, binds) = match &n.kind {
+                        RtKind::Inflight {
+                            max_requests,
+                            requests,
+                            share,
+                            ..
+                        } => (
+                            LimitKind::Slots,
+                            *max_requests,
+                            *requests,
+                            *share,
+                            waits && requests >= share,
+                        ),
+                        RtKind::Bandwidth {
+                            limit_speed,
+                            share,
+                            tokens,
+                            ..
+                        } => (
+                            LimitKind::Rate,
+                            thousandths(*limit_speed),
+                            0,
+                            *share,
+                            waits && (*tokens < 0.0 || *share == 0),
+                        ),
+                        RtKind::Queue {
+                            queue,
+                            max_queued,
+                            share,
+                        } if *max_queued < sluice_catalog::UNLIMITED => (
+                            LimitKind::Waiting,
+                            *max_queued,
+                            queue.len() as i64,
+                            *share,
+                            queue.len() as i64 >= *share,
+                        ),
+                        _ => return None,
+                    };
+                    Some(LimitState {
                         workload: n.owner.as_deref()?.to_string(),
+                        kind,
                         max_requests,
                         requests,
                         share,
-                    }),
-                    _ => None,
+                        passed: n.stats.dequeued_requests,
+                        pending: n.pending,
+                        binds,
+                        rejected: n.stats.rejected_requests,
+                    })
                 })
                 .collect()
         })
@@ -824,6 +940,7 @@ fn add_node(
         NodeKind::Fifo { max_queued } | NodeKind::AllocationQueue { max_queued } => RtKind::Queue {
             queue: VecDeque::new(),
             max_queued: *max_queued,
+            share: i64::MAX,
         },
         NodeKind::InflightLimit {
             max_requests,
@@ -843,6 +960,9 @@ fn add_node(
             max_burst: *max_burst,
             tokens: *max_burst,
             last: now,
+            limit_speed: *max_speed,
+            limit_burst: *max_burst,
+            share: i64::MAX,
         },
         NodeKind::Priority | NodeKind::PrecedenceAllocation => RtKind::Priority,
         NodeKind::Fair | NodeKind::FairAllocation => RtKind::Fair {
@@ -919,6 +1039,7 @@ impl Shared {
             cost,
             workload,
             owner: self.clone(),
+            dequeued: None,
         })
     }
 
@@ -947,6 +1068,7 @@ impl Shared {
                 cost: waiting.cost,
                 workload: workload_of(state, waiting.leaf),
                 owner: self.clone(),
+                dequeued: Some(now),
             };
             match waiting.grant {
                 None => state.granted_now = Some((id, grant)),
@@ -1048,6 +1170,7 @@ fn refill(kind: &mut RtKind, now: Instant) {
         max_burst,
         tokens,
         last,
+        ..
     } = kind
     {
         let elapsed = now.saturating_duration_since(*last).as_secs_f64();
@@ -1076,14 +1199,26 @@ pub(crate) fn leaf_of(leaves: &Leaves, workload: &str) -> Result<Option<usize>> 
 /// caller attaches a sender before it lets the lock go.
 fn enqueue(state: &mut State, leaf: usize, cost: i64) -> Result<u64> {
     let node = &mut state.nodes[leaf];
-    let RtKind::Queue { queue, max_queued } = &mut node.kind else {
+    let RtKind::Queue {
+        queue,
+        max_queued,
+        share,
+    } = &mut node.kind
+    else {
         unreachable!("leaves map to queue nodes");
     };
-    if queue.len() as i64 >= *max_queued {
-        let message = format!(
-            "Workload limit `max_waiting_queries` has been reached: {} of {max_queued}",
-            queue.len()
-        );
+    if queue.len() as i64 >= (*max_queued).min(*share) {
+        let message = if *share < *max_queued {
+            format!(
+                "Workload limit `max_waiting_queries` has been reached: {} waiting on this node, its share of {max_queued} across the fleet",
+                queue.len()
+            )
+        } else {
+            format!(
+                "Workload limit `max_waiting_queries` has been reached: {} of {max_queued}",
+                queue.len()
+            )
+        };
         node.stats.rejected_requests += 1;
         node.stats.rejected_cost += cost;
         return Err(Error::new(ErrorCode::ServerOverloaded, message));
@@ -1146,6 +1281,36 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
     active
 }
 
+/// A rate in thousandths of a request per second (what the fleet divides), rounded down.
+fn thousandths(speed: f64) -> i64 {
+    (speed * 1000.0).floor().min(i64::MAX as f64) as i64
+}
+
+/// A throttler's share of its workload's rate (thousandths of a request per second): it
+/// refills at no more than that, and holds at most the burst in the same proportion. The
+/// caller refilled it up to now first, at the old rate.
+fn share_rate(kind: &mut RtKind, to: i64) {
+    if let RtKind::Bandwidth {
+        max_speed,
+        max_burst,
+        tokens,
+        limit_speed,
+        limit_burst,
+        share,
+        ..
+    } = kind
+    {
+        *share = to;
+        *max_speed = (to as f64 / 1000.0).min(*limit_speed);
+        *max_burst = if *limit_speed > 0.0 {
+            *limit_burst * (*max_speed / *limit_speed)
+        } else {
+            0.0
+        };
+        *tokens = tokens.min(*max_burst);
+    }
+}
+
 /// Whether the scheduler is in a fleet whose fence has passed at `now`.
 fn is_fenced(state: &State, now: Instant) -> bool {
     state.fence.as_ref().is_some_and(|f| !f.holds(now))
@@ -1155,8 +1320,13 @@ fn is_fenced(state: &State, now: Instant) -> bool {
 /// until one is set.
 fn enter_fleet(state: &mut State, fence: Arc<Fence>) {
     for node in &mut state.nodes {
-        if let RtKind::Inflight { share, .. } = &mut node.kind {
-            *share = 0;
+        match &mut node.kind {
+            RtKind::Inflight { share, .. } => *share = 0,
+            RtKind::Queue {
+                share, max_queued, ..
+            } if *max_queued < sluice_catalog::UNLIMITED => *share = 0,
+            kind @ RtKind::Bandwidth { .. } => share_rate(kind, 0),
+            _ => {}
         }
     }
     state.fence = Some(fence);
@@ -1174,7 +1344,11 @@ fn lets_through(kind: &RtKind, fenced: bool) -> bool {
             cost,
             share,
         } => !fenced && requests < max_requests.min(share) && cost < max_cost,
-        RtKind::Bandwidth { tokens, .. } => *tokens >= 0.0,
+        // In a fleet a throttler passes nothing on no share (its overdraft would be one more
+        // than the share allows) or past the fence.
+        RtKind::Bandwidth { tokens, share, .. } => {
+            *tokens >= 0.0 && (*share == i64::MAX || (!fenced && *share > 0))
+        }
         RtKind::Queue { .. } | RtKind::Workload | RtKind::Priority | RtKind::Fair { .. } => true,
     }
 }
@@ -1647,6 +1821,12 @@ impl Permit {
         self.grant.is_none()
     }
 
+    /// When its request left the queue it waited in, on the scheduler's clock (`None`: it
+    /// did not wait, or was moved since).
+    pub fn dequeued_at(&self) -> Option<Instant> {
+        self.grant.as_ref().and_then(|g| g.dequeued)
+    }
+
     /// The leaf workload the permit counts in (`None` when unlimited).
     pub fn workload(&self) -> Option<&str> {
         self.grant.as_ref().map(|g| &*g.workload)
@@ -1692,6 +1872,7 @@ impl Permit {
                     cost,
                     workload: workload_of(&state, leaf),
                     owner: shared.clone(),
+                    dequeued: None,
                 }
             })
         };

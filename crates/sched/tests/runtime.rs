@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_catalog::Catalog;
-use sluice_sched::{compile, Machine, Permit, ResourceScheduler, TokioClock};
+use sluice_sched::{compile, LimitKind, Machine, Permit, ResourceScheduler, TokioClock};
 use sluice_sql::{parse_script, ErrorCode};
 
 const MACHINE: Machine = Machine {
@@ -558,7 +558,7 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
     // No share yet, and no lease: nothing passes.
     let mut first = s.acquire("all", 1).expect("queues");
     assert!(!first.is_granted());
-    s.set_share("all", 2);
+    s.set_share("all", LimitKind::Slots, 2);
     settle().await;
     assert!(!first.is_granted(), "granted without a lease");
     fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(5));
@@ -586,10 +586,10 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
     let mut fourth = next.acquire("x", 1).expect("queues");
     settle().await;
     assert!(!fourth.is_granted());
-    next.set_share("all", 3);
+    next.set_share("all", LimitKind::Slots, 3);
     settle().await;
     assert!(!fourth.is_granted(), "x has no share yet");
-    next.set_share("x", 1);
+    next.set_share("x", LimitKind::Slots, 1);
     settle().await;
     assert!(fourth.is_granted());
     let shares: Vec<(String, i64)> = next
@@ -599,4 +599,96 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
         .collect();
     assert_eq!(shares, vec![("all".into(), 3), ("x".into(), 1)]);
     drop((first, third, fourth));
+}
+
+/// In a fleet a throttler refills at the node's share of the rate and keeps at most the burst
+/// in the same proportion; no share (or a passed fence) lets nothing through.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_rate_admits_its_share_of_the_rate_and_the_burst() {
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_queries_per_second = 10, max_burst_queries = 10;",
+    );
+    let fence = sluice_sched::Fence::new();
+    s.join_fleet(fence.clone());
+    fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
+    let mut waiting: Vec<sluice_sched::Acquire> = (0..40)
+        .map(|_| s.acquire("all", 1).expect("queues"))
+        .collect();
+    settle().await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    let granted = |w: &mut Vec<sluice_sched::Acquire>| {
+        let before = w.len();
+        w.retain_mut(|a| !a.is_granted());
+        before - w.len()
+    };
+    assert_eq!(granted(&mut waiting), 0, "admitted on no share");
+    let rate = s
+        .limits()
+        .into_iter()
+        .find(|l| l.kind == LimitKind::Rate)
+        .expect("a rate limit");
+    assert_eq!((rate.max_requests, rate.share), (10_000, 0));
+    // Half the rate: 5 a second, the first at once (tokens start at none; a request passes
+    // while they are not negative).
+    s.set_share("all", LimitKind::Rate, 5_000);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+        admitted += granted(&mut waiting);
+    }
+    assert!((10..=11).contains(&admitted), "{admitted} in 2 s at 5/s");
+    // Down to 1 a second.
+    s.set_share("all", LimitKind::Rate, 1_000);
+    let mut admitted = 0;
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+        admitted += granted(&mut waiting);
+    }
+    assert!((2..=4).contains(&admitted), "{admitted} in 3 s at 1/s");
+    // Past the fence nothing passes.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    settle().await;
+    granted(&mut waiting);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    settle().await;
+    assert_eq!(granted(&mut waiting), 0, "admitted past the fence");
+}
+
+/// In a fleet a bounded queue takes no more than the node's share of `max_waiting_queries`;
+/// the error says so; a catalog change keeps the share.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_queue_holds_its_share_of_the_waiting() {
+    let ddl = "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1, max_waiting_queries = 10;";
+    let s = scheduler(ddl);
+    let fence = sluice_sched::Fence::new();
+    s.join_fleet(fence.clone());
+    fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
+    s.set_share("all", LimitKind::Slots, 1);
+    let mut running = s.acquire("all", 1).expect("granted");
+    settle().await;
+    assert!(running.is_granted());
+    let refused = s.acquire("all", 1).expect_err("no share of the waiting");
+    assert_eq!(refused.code, ErrorCode::ServerOverloaded);
+    assert!(refused.message.contains("share"), "{}", refused.message);
+    s.set_share("all", LimitKind::Waiting, 2);
+    let a = s.acquire("all", 1).expect("waits");
+    let b = s.acquire("all", 1).expect("waits");
+    assert!(
+        s.acquire("all", 1).is_err(),
+        "a third waited on a share of 2"
+    );
+    let next = s.succeed(&tree(ddl));
+    assert!(next.acquire("all", 1).is_err(), "the share was lost");
+    next.set_share("all", LimitKind::Waiting, 3);
+    let c = next.acquire("all", 1).expect("waits");
+    let waiting = next
+        .limits()
+        .into_iter()
+        .find(|l| l.kind == LimitKind::Waiting)
+        .expect("a waiting limit");
+    assert_eq!((waiting.requests, waiting.share), (3, 3));
+    drop((running, a, b, c));
 }

@@ -1,6 +1,8 @@
 //! `server.admission_log`: a file of every QUERY slot granted and given back, one line each,
-//! `admit|release UNIX_MICROS NODE QUERY_ID WORKLOAD`, appended as it happens (and, in a
-//! fleet, `fence UNIX_MICROS NODE 0 -` when the node's fence passed). Several nodes'
+//! `admit|release UNIX_MICROS NODE QUERY_ID WORKLOAD`, appended as it happens, and of every
+//! wait in a QUERY queue, `wait|unwait …` (the `unwait` at the instant the request left the
+//! queue, when the scheduler says: see `Permit::dequeued_at`); in a fleet also
+//! `fence UNIX_MICROS NODE 0 -` when the node's fence passed. Several nodes'
 //! logs merged by time show how many queries a fleet ran at once (the fleet's tests count
 //! from it); off unless configured.
 //!
@@ -55,9 +57,15 @@ impl AdmissionLog {
         }
     }
 
-    /// Logs a slot granted to statement `query_id` of `workload`.
-    pub fn admitted(self: &Arc<Self>, query_id: u64, workload: &Arc<str>) -> Logged {
-        self.line("admit", query_id, workload);
+    /// Logs a slot granted to statement `query_id` of `workload`, at `at` (the scheduler's
+    /// clock: when it left its queue) or now.
+    pub fn admitted(
+        self: &Arc<Self>,
+        query_id: u64,
+        workload: &Arc<str>,
+        at: Option<tokio::time::Instant>,
+    ) -> Logged {
+        self.line_at(since(at), "admit", query_id, workload);
         Logged {
             log: self.clone(),
             query_id,
@@ -66,7 +74,54 @@ impl AdmissionLog {
     }
 }
 
+/// One request waiting in a QUERY queue, logged as no longer waiting when dropped or
+/// [`Waited::dequeued`].
+#[derive(Debug)]
+pub struct Waited {
+    log: Arc<AdmissionLog>,
+    query_id: u64,
+    workload: Arc<str>,
+    ended: bool,
+}
+
+impl Waited {
+    /// The request left its queue at `at` (the scheduler's clock), or now when unknown.
+    pub fn dequeued(mut self, at: Option<tokio::time::Instant>) {
+        self.log
+            .line_at(since(at), "unwait", self.query_id, &self.workload);
+        self.ended = true;
+    }
+}
+
+/// The wall-clock time of `at` on the scheduler's clock (now when `None`).
+fn since(at: Option<tokio::time::Instant>) -> SystemTime {
+    let ago = at.map_or(std::time::Duration::ZERO, |at| {
+        tokio::time::Instant::now().saturating_duration_since(at)
+    });
+    SystemTime::now() - ago
+}
+
+impl Drop for Waited {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.log.line("unwait", self.query_id, &self.workload);
+        }
+    }
+}
+
 impl AdmissionLog {
+    /// Logs that statement `query_id` waits in `workload`'s QUERY queue (the line is written
+    /// just after it was queued: within the real wait).
+    pub fn waits(self: &Arc<Self>, query_id: u64, workload: &Arc<str>) -> Waited {
+        self.line("wait", query_id, workload);
+        Waited {
+            log: self.clone(),
+            query_id,
+            workload: workload.clone(),
+            ended: false,
+        }
+    }
+
     /// Logs that this node's fleet fence passed at `at` (a line `fence MICROS NODE 0 -`): from
     /// then on its running queries no longer count against the fleet's limits (docs/fleet.md).
     pub fn fenced(&self, at: SystemTime) {

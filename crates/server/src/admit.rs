@@ -636,7 +636,15 @@ impl Admission {
             };
             let mut series = self.series(resource, workload);
             let mut counted_waiting = series.waiting();
+            let is_query = snapshot.roles.query.as_deref() == Some(resource.as_str());
+            let mut waited = None;
             if !acquire.is_granted() {
+                waited = self
+                    .shared
+                    .admission_log
+                    .as_ref()
+                    .filter(|_| is_query)
+                    .map(|log| log.waits(guard.query_id, workload));
                 shown_waiting = true;
                 guard.waiting_for(Some(resource));
                 notices
@@ -695,6 +703,10 @@ impl Admission {
                 }
             };
             drop(counted_waiting);
+            let dequeued = permit.dequeued_at();
+            if let Some(waited) = waited {
+                waited.dequeued(dequeued);
+            }
             attachments.push(Attachment {
                 resource: resource.clone(),
                 permit,
@@ -703,8 +715,8 @@ impl Admission {
                     .shared
                     .admission_log
                     .as_ref()
-                    .filter(|_| snapshot.roles.query.as_deref() == Some(resource.as_str()))
-                    .map(|log| log.admitted(guard.query_id, workload)),
+                    .filter(|_| is_query)
+                    .map(|log| log.admitted(guard.query_id, workload, dequeued)),
                 // A master thread's slot is the statement's slot 0 (its workers are 1..).
                 cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
                     .then_some(0),

@@ -30,8 +30,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use sluice_cluster::limit_key;
 use sluice_cluster::{FleetView, LeaseState, ShareBook};
-use sluice_sched::fleet::{allot, Demand};
+use sluice_sched::fleet::{allot, divide, Demand};
+use sluice_sched::{LimitKind, LimitState};
 
 use crate::state::Shared;
 
@@ -83,6 +85,13 @@ pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Resu
         store.clone(),
         stored.revision,
     ));
+    shared.registry.set_node_number(membership.number());
+    // The learned lanes are the fleet's: read whole (this node's own added), then followed.
+    share_lanes(shared, membership.map("lanes")).await?;
+    // The other nodes' requests (their views of the fleet, KILL and MOVE of statements here).
+    let requests = membership.requests();
+    let answers = crate::fleet_views::answers(Arc::downgrade(shared));
+    tokio::spawn(async move { requests.answer(answers).await });
     let book = membership.share_book();
     let alive = membership.alive();
     let _ = shared.fleet.set(membership);
@@ -97,6 +106,99 @@ pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Resu
         view_tx,
         view,
     ));
+    Ok(())
+}
+
+/// A lane as the fleet stores it: `LANE<TAB>pinned|learned`.
+fn lane_value(lane: &str, pinned: bool) -> String {
+    format!("{lane}\t{}", if pinned { "pinned" } else { "learned" })
+}
+
+fn parse_lane(value: &str) -> Option<(String, bool)> {
+    let (lane, how) = value.rsplit_once('\t')?;
+    Some((lane.to_string(), how == "pinned"))
+}
+
+/// Makes the learned lanes the fleet's (`PREFIX/lanes/FINGERPRINT`): the fleet's are adopted,
+/// this node's that the fleet lacks are added to it; from then on this node's changes go to
+/// etcd and the others' come back by watch.
+async fn share_lanes(
+    shared: &Arc<Shared>,
+    map: sluice_cluster::SharedMap,
+) -> sluice_sql::Result<()> {
+    let (stored, revision) = map.load().await?;
+    let fleet: BTreeMap<String, (String, bool)> = stored
+        .iter()
+        .filter_map(|(id, value)| Some((id.clone(), parse_lane(value)?)))
+        .collect();
+    for (id, lane, pinned) in shared.lanes.lanes() {
+        if !fleet.contains_key(&id) {
+            map.put(&id, &lane_value(&lane, pinned)).await?;
+        }
+    }
+    for (id, lane) in fleet {
+        shared.lanes.adopt(&id, Some(lane))?;
+    }
+    // This node's changes, in order.
+    if let Some(mut changes) = shared.lanes.changes() {
+        let map = map.clone();
+        tokio::spawn(async move {
+            while let Some((id, lane)) = changes.recv().await {
+                let stored = match &lane {
+                    Some((lane, pinned)) => map.put(&id, &lane_value(lane, *pinned)).await,
+                    None => map.delete(&id).await,
+                };
+                if let Err(e) = stored {
+                    tracing::warn!(fingerprint = %id, "a lane not shared with the fleet: {e}");
+                }
+            }
+        });
+    }
+    // The fleet's changes, from the revision read.
+    let shared = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        let mut from = revision;
+        loop {
+            let (sender, mut changes) = tokio::sync::mpsc::unbounded_channel();
+            let follow = map.follow(from, sender);
+            tokio::pin!(follow);
+            let broke = loop {
+                tokio::select! {
+                    ended = &mut follow => break ended.err(),
+                    Some((id, value)) = changes.recv() => {
+                        let Some(shared) = shared.upgrade() else { return };
+                        let lane = value.as_deref().and_then(parse_lane);
+                        if let Err(e) = shared.lanes.adopt(&id, lane) {
+                            tracing::warn!(fingerprint = %id, "the fleet's lane not kept here: {e}");
+                        }
+                    }
+                }
+            };
+            if let Some(e) = broke {
+                tracing::warn!("following the fleet's lanes: {e}; reading them whole again");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let Some(node) = shared.upgrade() else { return };
+            match map.load().await {
+                Ok((stored, revision)) => {
+                    let fleet: BTreeMap<String, (String, bool)> = stored
+                        .iter()
+                        .filter_map(|(id, value)| Some((id.clone(), parse_lane(value)?)))
+                        .collect();
+                    for (id, _, _) in node.lanes.lanes() {
+                        if !fleet.contains_key(&id) {
+                            let _ = node.lanes.adopt(&id, None);
+                        }
+                    }
+                    for (id, lane) in fleet {
+                        let _ = node.lanes.adopt(&id, Some(lane));
+                    }
+                    from = revision;
+                }
+                Err(e) => tracing::warn!("reading the fleet's lanes: {e}"),
+            }
+        }
+    });
     Ok(())
 }
 
@@ -152,14 +254,20 @@ struct Keeper {
     fence: Arc<sluice_sched::Fence>,
     /// The lease the shares in `held` are under.
     lease: i64,
-    /// This node's shares as stored in etcd, by workload, with their keys' revisions (what
-    /// its next write of each compares).
+    /// This node's shares as stored in etcd, by limit (`sluice_cluster::limit_key`), with
+    /// their keys' revisions (what its next write of each compares).
     held: BTreeMap<String, (i64, i64)>,
     /// The demand last published, and when.
     published: Option<String>,
     published_at: Option<tokio::time::Instant>,
-    /// When each workload last had a query waiting here.
-    waited: BTreeMap<String, tokio::time::Instant>,
+    /// When each limit (kind, workload) last wanted more here: queries waited (slots), the
+    /// rate held queries back, the queue was full or refused one (waiting).
+    waited: BTreeMap<(LimitKind, String), tokio::time::Instant>,
+    /// Each rate limit's use here: requests passed at the last round, when, and the smoothed
+    /// rate (thousandths of a request per second).
+    rates: BTreeMap<String, (u64, tokio::time::Instant, f64)>,
+    /// Each waiting limit's refusals as of the last round.
+    rejected: BTreeMap<String, u64>,
     /// A write of a share may have been stored unbeknown (its answer was lost, or a round
     /// was cut short): settle every share before using any.
     unsure: bool,
@@ -189,6 +297,8 @@ async fn keep_shares(
         published: None,
         published_at: None,
         waited: BTreeMap::new(),
+        rates: BTreeMap::new(),
+        rejected: BTreeMap::new(),
         unsure: false,
         fenced: true,
     };
@@ -262,7 +372,7 @@ impl Keeper {
             // A new lease: the old one was lost, and its keys (demand, shares) with it. No
             // share is usable before the new lease's fence is set below.
             for limit in scheduler.limits() {
-                scheduler.set_share(&limit.workload, 0);
+                scheduler.set_share(&limit.workload, limit.kind, 0);
             }
             shared.metrics.fleet.leases_replaced.fetch_add(1, Relaxed);
             if !self.fenced {
@@ -271,6 +381,10 @@ impl Keeper {
                 self.fenced = true;
             }
             self.lease = lease.lease;
+            // Its number may have changed with the lease (another node took the old one).
+            if let Some(fleet) = shared.fleet.get() {
+                shared.registry.set_node_number(fleet.number());
+            }
             self.held.clear();
             self.unsure = false;
             self.published = None;
@@ -299,33 +413,13 @@ impl Keeper {
         let this = shared.fleet.get().map(|m| m.name().to_string());
         let Some(this) = this else { return Ok(()) };
         // 1. This node's demand, published when it changed.
-        let cap = limits.iter().map(|l| l.max_requests).max().unwrap_or(0);
-        let mut demand: BTreeMap<String, i64> = BTreeMap::new();
-        // A workload counts as waiting for QUIET_PUBLISH after it last had a query waiting:
-        // under a limit that binds, queues empty and fill many times a second, and the flag
-        // would otherwise flicker into etcd with them.
         let now = tokio::time::Instant::now();
-        for (workload, waiting) in scheduler.queue_lengths() {
-            *demand.entry(workload.clone()).or_default() += waiting as i64;
-            self.waited.insert(workload, now);
-        }
-        for (workload, running) in shared.metrics.in_flight(resource) {
-            *demand.entry(workload).or_default() += running;
-        }
-        self.waited
-            .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
+        let text = self.demand(shared, resource, scheduler, &limits, now);
         let waiting = &self.waited;
-        let text: String = demand
-            .iter()
-            .map(|(w, n)| {
-                let waits = u8::from(waiting.contains_key(w));
-                format!("{w}\t{}\t{waits}\n", (*n).min(cap))
-            })
-            .collect();
         // While nobody in the fleet has a query waiting, shares bind no one: a change of
         // demand is published at most every QUIET_PUBLISH (a busy node under a limit that
         // does not bind would otherwise write to etcd on most of its queries). Once anyone
-        // waits, every change goes out at once: it is what moves slots to the waiting.
+        // waits, every change goes out at once: it is what moves shares to the waiting.
         let urgent = !waiting.is_empty()
             || fleet
                 .demand
@@ -351,7 +445,7 @@ impl Keeper {
             nodes.push(this.clone());
             nodes.sort();
         }
-        let mut everyone: Demand = fleet
+        let mut everyone: BTreeMap<String, Published> = fleet
             .demand
             .iter()
             .map(|(node, text)| (node.clone(), parse_demand(text)))
@@ -360,66 +454,100 @@ impl Keeper {
         let Some(tree) = snapshot.trees.tree(resource) else {
             return Ok(());
         };
-        let division = allot(tree, &nodes, &everyone, turn());
+        let turn = turn();
+        let slots: Demand = everyone
+            .iter()
+            .map(|(node, published)| {
+                let of = published
+                    .iter()
+                    .filter(|((kind, _), _)| *kind == LimitKind::Slots)
+                    .map(|((_, w), (count, _))| (w.clone(), *count))
+                    .collect();
+                (node.clone(), of)
+            })
+            .collect();
+        let division = allot(tree, &nodes, &slots, turn);
+        let target_of = |limit: &LimitState| -> i64 {
+            match limit.kind {
+                LimitKind::Slots => division
+                    .get(&limit.workload)
+                    .and_then(|d| d.get(&this))
+                    .copied()
+                    .unwrap_or(0),
+                kind => {
+                    let key = (kind, limit.workload.clone());
+                    let wants = nodes
+                        .iter()
+                        .map(|node| {
+                            let published = everyone.get(node).and_then(|p| p.get(&key));
+                            (node.clone(), wanted(limit, published, nodes.len()))
+                        })
+                        .collect();
+                    divide(limit.max_requests, &nodes, &wants, turn)
+                        .get(&this)
+                        .copied()
+                        .unwrap_or(0)
+                }
+            }
+        };
         if self.unsure {
             // A write may have been stored without this node knowing (its answer was lost):
             // make every share certain before using any (the cap only comes down here).
-            let workloads: std::collections::BTreeSet<String> = limits
-                .iter()
-                .map(|l| l.workload.clone())
-                .chain(self.held.keys().cloned())
+            let keys: BTreeMap<String, Option<&LimitState>> = self
+                .held
+                .keys()
+                .map(|k| (k.clone(), None))
+                .chain(limits.iter().map(|l| (key_of(l), Some(l))))
                 .collect();
-            for workload in workloads {
-                let (value, revision) = self.book.settle(lease.lease, &workload).await?;
-                self.held.insert(workload.clone(), (value, revision));
-                if limits
-                    .iter()
-                    .any(|l| l.workload == workload && l.share > value)
-                {
-                    scheduler.set_share(&workload, value);
+            for (key, limit) in keys {
+                let (value, revision) = self.book.settle(lease.lease, &key).await?;
+                self.held.insert(key, (value, revision));
+                if let Some(limit) = limit.filter(|l| l.share > value) {
+                    scheduler.set_share(&limit.workload, limit.kind, value);
                 }
             }
             self.unsure = false;
         }
         // 3. Each limit's share toward its target.
         for limit in &limits {
-            let target = division
-                .get(&limit.workload)
-                .and_then(|d| d.get(&this))
-                .copied()
-                .unwrap_or(0);
-            let (held, revision) = self.held.get(&limit.workload).copied().unwrap_or((0, 0));
-            if target < held {
+            let key = key_of(limit);
+            let target = target_of(limit);
+            let (held, revision) = self.held.get(&key).copied().unwrap_or((0, 0));
+            // A rate moves by no less than a twentieth of an even share: its use, measured,
+            // changes a little on every round.
+            let step = match limit.kind {
+                LimitKind::Rate => (limit.max_requests / (20 * nodes.len() as i64)).max(1),
+                _ => 1,
+            };
+            let far = (target - held).abs() >= step || target == 0 || held == 0;
+            if target < held && far {
                 if limit.share != target {
-                    scheduler.set_share(&limit.workload, target);
+                    scheduler.set_share(&limit.workload, limit.kind, target);
                 }
-                // What runs now, read after the cap came down (it cannot rise past the cap
-                // from here; `limit.requests` is from before this round's awaits, when more
-                // may have been admitted under the old cap).
+                // What it holds now (running, waiting), read after the cap came down (it
+                // cannot rise past the cap from here; `limit.requests` is from before this
+                // round's awaits, when more may have been admitted under the old cap).
                 let running = scheduler
                     .limits()
                     .into_iter()
-                    .find(|l| l.workload == limit.workload)
+                    .find(|l| l.workload == limit.workload && l.kind == limit.kind)
                     .map_or(limit.requests, |l| l.requests);
                 let to = target.max(running).min(held);
                 if to < held {
-                    let lowered = self
-                        .book
-                        .lower(lease.lease, &limit.workload, to, revision)
-                        .await?;
+                    let lowered = self.book.lower(lease.lease, &key, to, revision).await?;
                     let Some(revision) = lowered else {
                         self.unsure = true;
                         return Ok(());
                     };
-                    self.held.insert(limit.workload.clone(), (to, revision));
+                    self.held.insert(key, (to, revision));
                     shared.metrics.fleet.shares_lowered.fetch_add(1, Relaxed);
                 }
-            } else if target > held {
+            } else if target > held && far {
                 let (now, revision) = self
                     .book
                     .grow(
                         lease.lease,
-                        &limit.workload,
+                        &key,
                         target,
                         limit.max_requests,
                         snapshot.fleet_version,
@@ -429,31 +557,31 @@ impl Keeper {
                 if now > held {
                     shared.metrics.fleet.shares_grown.fetch_add(1, Relaxed);
                 }
-                self.held.insert(limit.workload.clone(), (now, revision));
+                self.held.insert(key, (now, revision));
                 if limit.share != now {
-                    scheduler.set_share(&limit.workload, now);
+                    scheduler.set_share(&limit.workload, limit.kind, now);
                 }
             } else if limit.share != held {
-                scheduler.set_share(&limit.workload, held);
+                scheduler.set_share(&limit.workload, limit.kind, held);
             }
         }
         // Shares of limits that are gone (a workload dropped or no longer limited).
         let gone: Vec<String> = self
             .held
             .keys()
-            .filter(|w| !limits.iter().any(|l| &l.workload == *w))
+            .filter(|k| !limits.iter().any(|l| key_of(l) == **k))
             .cloned()
             .collect();
-        for workload in gone {
-            let (held, revision) = self.held[&workload];
+        for key in gone {
+            let (held, revision) = self.held[&key];
             if held > 0 {
-                let lowered = self.book.lower(lease.lease, &workload, 0, revision).await?;
+                let lowered = self.book.lower(lease.lease, &key, 0, revision).await?;
                 if lowered.is_none() {
                     self.unsure = true;
                     return Ok(());
                 }
             }
-            self.held.remove(&workload);
+            self.held.remove(&key);
         }
         *shared
             .metrics
@@ -467,31 +595,180 @@ impl Keeper {
             .collect();
         Ok(())
     }
+
+    /// This node's demand as published (see [`parse_demand`]): for each leaf workload of a
+    /// limit of slots its queries waiting and running (capped at the largest limit: beyond
+    /// it more demand changes nothing), for each rate its use, for each bounded queue the
+    /// queries waiting in it; each with whether it wants more (held for [`QUIET_PUBLISH`]
+    /// after it last did: under a limit that binds, queues empty and fill many times a
+    /// second, and the flag would otherwise flicker into etcd with them).
+    fn demand(
+        &mut self,
+        shared: &Shared,
+        resource: &str,
+        scheduler: &sluice_sched::ResourceScheduler,
+        limits: &[LimitState],
+        now: tokio::time::Instant,
+    ) -> String {
+        let cap = limits
+            .iter()
+            .filter(|l| l.kind == LimitKind::Slots)
+            .map(|l| l.max_requests)
+            .max()
+            .unwrap_or(0);
+        let mut lines: BTreeMap<(LimitKind, String), i64> = BTreeMap::new();
+        if cap > 0 {
+            for (workload, waiting) in scheduler.queue_lengths() {
+                *lines
+                    .entry((LimitKind::Slots, workload.clone()))
+                    .or_default() += waiting as i64;
+                self.waited.insert((LimitKind::Slots, workload), now);
+            }
+            for (workload, running) in shared.metrics.in_flight(resource) {
+                *lines.entry((LimitKind::Slots, workload)).or_default() += running;
+            }
+            for count in lines.values_mut() {
+                *count = (*count).min(cap);
+            }
+        }
+        for limit in limits {
+            let key = (limit.kind, limit.workload.clone());
+            match limit.kind {
+                LimitKind::Slots => {}
+                LimitKind::Rate => {
+                    // Requests passed per second, smoothed over about a second.
+                    let (passed, at, rate) = self.rates.get(&limit.workload).copied().unwrap_or((
+                        limit.passed,
+                        now,
+                        0.0,
+                    ));
+                    let elapsed = now.saturating_duration_since(at).as_secs_f64();
+                    let rate = if elapsed > 0.0 {
+                        let seen = limit.passed.saturating_sub(passed) as f64 * 1000.0 / elapsed;
+                        rate + (seen - rate) * (1.0 - (-elapsed).exp())
+                    } else {
+                        rate
+                    };
+                    self.rates
+                        .insert(limit.workload.clone(), (limit.passed, now, rate));
+                    if limit.binds {
+                        self.waited.insert(key.clone(), now);
+                    }
+                    let used = two_digits(rate);
+                    if used > 0 || self.waited.contains_key(&key) {
+                        lines.insert(key, used);
+                    }
+                }
+                LimitKind::Waiting => {
+                    let before = self.rejected.insert(limit.workload.clone(), limit.rejected);
+                    if limit.binds || before.is_some_and(|b| b < limit.rejected) {
+                        self.waited.insert(key.clone(), now);
+                    }
+                    if limit.requests > 0 || self.waited.contains_key(&key) {
+                        lines.insert(key, limit.requests);
+                    }
+                }
+            }
+        }
+        self.rates.retain(|w, _| {
+            limits
+                .iter()
+                .any(|l| l.kind == LimitKind::Rate && l.workload == *w)
+        });
+        self.rejected.retain(|w, _| {
+            limits
+                .iter()
+                .any(|l| l.kind == LimitKind::Waiting && l.workload == *w)
+        });
+        self.waited
+            .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
+        lines
+            .iter()
+            .map(|((kind, w), n)| {
+                let more = u8::from(self.waited.contains_key(&(*kind, w.clone())));
+                format!("{}\t{w}\t{n}\t{more}\n", kind.name())
+            })
+            .collect()
+    }
 }
 
-/// A node's published demand: `workload<TAB>count<TAB>waits` lines (`waits`: 1 when the
-/// node has queries of the workload waiting).
-fn parse_demand(text: &str) -> BTreeMap<String, i64> {
+/// A limit's name in etcd.
+fn key_of(limit: &LimitState) -> String {
+    limit_key(limit.kind.name(), &limit.workload)
+}
+
+/// What a node wants of a rate or waiting limit, for [`divide`], from what it published (or
+/// nothing): a rate, what it used with a quarter more, and a twentieth of an even share so
+/// that its first query passes at once; waiters, those it has and a quarter of an even
+/// share more (at least one).
+fn wanted(limit: &LimitState, published: Option<&(i64, bool)>, nodes: usize) -> (i64, bool) {
+    let (used, more) = published.copied().unwrap_or((0, false));
+    let even = limit.max_requests / nodes.max(1) as i64;
+    match limit.kind {
+        LimitKind::Rate => (used + used / 4 + even / 20, more),
+        _ => (used + (even / 4).max(1), more),
+    }
+}
+
+/// `x` rounded to two significant digits (a measured rate, published: a change in the
+/// third digit is noise and would only write to etcd).
+fn two_digits(x: f64) -> i64 {
+    if x < 1.0 {
+        return 0;
+    }
+    let scale = 10f64.powi(x.log10().floor() as i32 - 1);
+    ((x / scale).round() * scale) as i64
+}
+
+/// A node's demand as published, by limit: (count, wants more).
+type Published = BTreeMap<(LimitKind, String), (i64, bool)>;
+
+/// A node's published demand: `kind<TAB>workload<TAB>count<TAB>more` lines (`kind` a
+/// [`LimitKind::name`]; `more`: 1 when the node wants more of the limit — queries wait).
+fn parse_demand(text: &str) -> Published {
     text.lines()
         .filter_map(|line| {
-            let mut fields = line.rsplitn(3, '\t');
-            let (_waits, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
-            Some((workload.to_string(), count.parse().ok()?))
+            let (kind, rest) = line.split_once('\t')?;
+            let kind = [LimitKind::Slots, LimitKind::Rate, LimitKind::Waiting]
+                .into_iter()
+                .find(|k| k.name() == kind)?;
+            let mut fields = rest.rsplitn(3, '\t');
+            let (more, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
+            Some((
+                (kind, workload.to_string()),
+                (count.parse().ok()?, more == "1"),
+            ))
         })
         .collect()
 }
 
-/// A node's published demand as `system.nodes` shows it: `workload=count`, and ` (waiting)`
-/// when some of them wait.
+/// A node's published demand as `system.nodes` shows it: `workload=count` for slots,
+/// `workload rate=x/s`, `workload waiting=n`, and ` (waiting)` when it wants more.
 pub fn demand_shown(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.rsplitn(3, '\t');
-            let (waits, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
-            let waiting = if waits == "1" { " (waiting)" } else { "" };
-            Some(format!("{workload}={count}{waiting}"))
+    parse_demand(text)
+        .into_iter()
+        .map(|((kind, workload), (count, more))| {
+            let more = if more { " (waiting)" } else { "" };
+            format!("{}{more}", shown(kind.name(), &workload, count))
         })
         .collect()
+}
+
+/// One limit's amount as `system.nodes` shows it.
+fn shown(kind: &str, workload: &str, amount: i64) -> String {
+    match kind {
+        "rate" => format!("{workload} rate={}/s", amount as f64 / 1000.0),
+        "waiting" => format!("{workload} waiting={amount}"),
+        _ => format!("{workload}={amount}"),
+    }
+}
+
+/// A share as `system.nodes` shows it, from its limit's key in etcd.
+pub fn share_shown(key: &str, amount: i64) -> String {
+    match sluice_cluster::parse_limit_key(key) {
+        Some((kind, workload)) => shown(kind, &workload, amount),
+        None => format!("{key}={amount}"),
+    }
 }
 
 /// Whether a node's published demand says it has queries waiting.

@@ -103,7 +103,7 @@ pub async fn serve_http(
                         "200 OK",
                         "application/json",
                         "Cache-Control: no-cache\r\n",
-                        crate::page::state_json(&shared),
+                        crate::page::state_json(&shared).await,
                     ),
                     Some("/events") => {
                         let Ok(_stream) = streams.try_acquire() else {

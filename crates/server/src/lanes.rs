@@ -14,6 +14,10 @@
 //! (runs, durations) are kept in memory beside them and saved with the next lane change.
 //! At most [`MAX_FINGERPRINTS`] fingerprints are kept; past that the least recently run one
 //! without a lane goes.
+//!
+//! In a fleet the lanes are the fleet's: every change of a lane made here is handed to
+//! whoever follows [`LaneBook::changes`] (the fleet stores it in etcd), and the other nodes'
+//! changes come back through [`LaneBook::adopt`]. Run statistics stay per node.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -122,7 +126,13 @@ pub struct LaneBook {
     state: Mutex<State>,
     /// Fingerprints with a lane: while there are none, [`LaneBook::lane`] takes no lock.
     with_lane: AtomicUsize,
+    /// In a fleet: where this node's changes of a lane go (see the module docs).
+    changes: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<LaneChange>>,
 }
+
+/// A change of a fingerprint's lane: its id, and its lane and whether it is pinned there
+/// (`None`: forgotten).
+pub type LaneChange = (String, Option<(String, bool)>);
 
 #[derive(Debug, Default)]
 struct State {
@@ -167,6 +177,7 @@ impl LaneBook {
             path: Some(path),
             state: Mutex::new(state),
             with_lane: AtomicUsize::new(with_lane),
+            changes: std::sync::OnceLock::new(),
         })
     }
 
@@ -176,7 +187,58 @@ impl LaneBook {
             path: None,
             state: Mutex::default(),
             with_lane: AtomicUsize::new(0),
+            changes: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on, every change of a lane made on this node (learned, relearned, pinned,
+    /// forgotten), in order; `None` when someone follows them already.
+    pub fn changes(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<LaneChange>> {
+        let (sender, changes) = tokio::sync::mpsc::unbounded_channel();
+        self.changes.set(sender).ok()?;
+        Some(changes)
+    }
+
+    fn changed(&self, id: &str, lane: Option<(String, bool)>) {
+        if let Some(changes) = self.changes.get() {
+            let _ = changes.send((id.to_string(), lane));
+        }
+    }
+
+    /// Takes a change of a lane another node of the fleet made (not handed on again). Whether
+    /// it changed anything here.
+    pub fn adopt(&self, id: &str, lane: Option<(String, bool)>) -> Result<bool> {
+        let mut state = self.lock();
+        let now = state
+            .entries
+            .get(id)
+            .and_then(|e| e.lane.clone().map(|l| (l, e.pinned)));
+        if now == lane {
+            return Ok(false);
+        }
+        let entry = state.entries.entry(id.to_string()).or_default();
+        entry.fast_streak = 0;
+        match lane {
+            Some((lane, pinned)) => {
+                entry.lane = Some(lane);
+                entry.pinned = pinned;
+            }
+            None => {
+                entry.lane = None;
+                entry.pinned = false;
+            }
+        }
+        self.save(&state)?;
+        Ok(true)
+    }
+
+    /// Every fingerprint with a lane: (id, lane, pinned).
+    pub fn lanes(&self) -> Vec<(String, String, bool)> {
+        self.lock()
+            .entries
+            .iter()
+            .filter_map(|(id, e)| Some((id.clone(), e.lane.clone()?, e.pinned)))
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -224,6 +286,8 @@ impl LaneBook {
             }
         };
         if changed {
+            // Relearned: runs fast again.
+            self.changed(&fingerprint.id, None);
             self.save(&state)?;
         }
         Ok(())
@@ -248,6 +312,7 @@ impl LaneBook {
         }
         tracing::info!(fingerprint = %fingerprint.id, lane = %to, "learned: runs slow");
         entry.lane = Some(to.to_string());
+        self.changed(&fingerprint.id, Some((to.to_string(), false)));
         self.save(&state)
     }
 
@@ -258,6 +323,7 @@ impl LaneBook {
         entry.lane = Some(workload.to_string());
         entry.pinned = true;
         entry.fast_streak = 0;
+        self.changed(id, Some((workload.to_string(), true)));
         self.save(&state)
     }
 
@@ -274,6 +340,7 @@ impl LaneBook {
             _ => false,
         };
         if had {
+            self.changed(id, None);
             self.save(&state)?;
         }
         Ok(had)

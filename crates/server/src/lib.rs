@@ -20,8 +20,9 @@
 //!   [`system`] (the `system.*` tables), [`record`] (a statement's query-log row and lane
 //!   runs), [`lease`] (CPU slots' leases under `cpu_slot_preemption`), [`demotion`] (the soft
 //!   deadline's timer), [`disk_gate`] (where a statement's file IO waits), [`fleet`] (joining
-//!   a fleet, following its catalog, keeping this node's shares of the QUERY limits): each
-//!   reads the shared state.
+//!   a fleet, following its catalog, keeping this node's shares of the QUERY limits),
+//!   [`fleet_views`] (`clusterAllReplicas` over the system tables, and this node's answers
+//!   to the other nodes' requests): each reads the shared state.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight; it assembles the parts below.
 //! - Below it, knowing nothing of `Shared`: [`registry`] (what is in flight: a statement's
@@ -58,6 +59,7 @@ pub mod disks;
 pub mod encode;
 pub mod error;
 pub mod fleet;
+pub mod fleet_views;
 pub mod forward;
 pub mod frame;
 pub mod http;

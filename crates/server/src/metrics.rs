@@ -247,13 +247,21 @@ impl Metrics {
         let name = "sluice_fleet_share";
         let _ = writeln!(
             out,
-            "# HELP {name} This node's share of a workload's max_concurrent_queries across the fleet, as stored in etcd.\n# TYPE {name} gauge"
+            "# HELP {name} This node's share of a workload's limit across the fleet, as stored in etcd: limit=\"slots\" (max_concurrent_queries), \"rate\" (max_queries_per_second, in queries per second; the burst in proportion), \"waiting\" (max_waiting_queries).\n# TYPE {name} gauge"
         );
-        for (workload, share) in f.shares.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (key, share) in f.shares.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let Some((kind, workload)) = sluice_cluster::parse_limit_key(key) else {
+                continue;
+            };
+            let value = if kind == "rate" {
+                *share as f64 / 1000.0
+            } else {
+                *share as f64
+            };
             let _ = writeln!(
                 out,
-                "{name}{{workload=\"{}\"}} {share}",
-                escape_label(workload)
+                "{name}{{workload=\"{}\",limit=\"{kind}\"}} {value}",
+                escape_label(&workload)
             );
         }
     }

@@ -3,7 +3,9 @@
 //! `pg_terminate_backend(pid)`.
 //!
 //! Which statements a `WHERE` names is decided by the engine, over a fresh `system.processes`:
-//! any SQL condition on its columns works. Users who are not admins may act on their own
+//! any SQL condition on its columns works. In a fleet, over every live node's (see
+//! `fleet_views`): a statement on another node is killed or moved there, by a request
+//! through etcd. Users who are not admins may act on their own
 //! statements only; a condition that also matches other users' statements is refused whole
 //! (nothing is killed or moved), with the users named.
 
@@ -25,6 +27,8 @@ pub struct Matched {
     pub user: String,
     pub workload: String,
     pub query: String,
+    /// The node it runs on (`system.processes.node`).
+    pub node: String,
 }
 
 /// The statements of `system.processes` that `predicate` holds for, checked against what
@@ -36,9 +40,15 @@ pub async fn matching(
     predicate: &str,
 ) -> Result<Vec<Matched>> {
     crate::system::refresh(shared)?;
+    let source = if shared.fleet.get().is_some() {
+        "clusterAllReplicas('default', system.processes)"
+    } else {
+        "system.processes"
+    };
     let sql = format!(
-        "SELECT query_id, \"user\", workload, query FROM system.processes WHERE ({predicate}) ORDER BY query_id"
+        "SELECT query_id, \"user\", workload, query, node FROM {source} WHERE ({predicate}) ORDER BY query_id"
     );
+    let sql = crate::fleet_views::prepare(shared, &sql).await?;
     let batches: Vec<RecordBatch> = match session
         .execute(&sql, ExecuteOptions::default(), Vec::new())
         .await?
@@ -50,8 +60,8 @@ pub async fn matching(
     for batch in &batches {
         let ids = batch.column(0).as_any().downcast_ref::<UInt64Array>();
         let text = |i: usize| batch.column(i).as_any().downcast_ref::<StringArray>();
-        let (Some(ids), Some(users), Some(workloads), Some(queries)) =
-            (ids, text(1), text(2), text(3))
+        let (Some(ids), Some(users), Some(workloads), Some(queries), Some(nodes)) =
+            (ids, text(1), text(2), text(3), text(4))
         else {
             return Err(Error::new(
                 ErrorCode::InternalError,
@@ -64,6 +74,7 @@ pub async fn matching(
                 user: users.value(row).to_string(),
                 workload: workloads.value(row).to_string(),
                 query: queries.value(row).to_string(),
+                node: nodes.value(row).to_string(),
             });
         }
     }
@@ -90,20 +101,31 @@ pub async fn matching(
 
 /// `KILL QUERY`: stops each matched statement (with `SYNC`, waits until they are gone), and
 /// answers one row per statement as ClickHouse does: `kill_status`, `query_id`, `user`,
-/// `query`.
+/// `query`. Statements on other nodes of the fleet are stopped there.
 pub async fn kill(
     shared: &Shared,
     by: &str,
     matched: Vec<Matched>,
     mode: KillMode,
 ) -> Result<RecordBatch> {
+    let mode_name = match mode {
+        KillMode::Async => "async",
+        KillMode::Sync => "sync",
+        KillMode::Test => "test",
+    };
+    let status = act(shared, &matched, "kill", &format!("{mode_name}\n{by}")).await?;
+    rows("kill_status", status, &matched)
+}
+
+/// Stops statements `ids` of this node (`mode` as `KILL QUERY`'s): each one's `kill_status`.
+async fn kill_here(shared: &Shared, by: &str, ids: &[u64], mode: &str) -> Vec<String> {
     let mut status = Vec::new();
-    for m in &matched {
+    for id in ids {
         let s = match mode {
-            KillMode::Test => "test",
+            "test" => "test",
             _ => {
                 let killed = shared.registry.kill(
-                    m.query_id,
+                    *id,
                     Error::new(
                         ErrorCode::QueryWasCancelled,
                         format!("Query was cancelled: KILL QUERY by user '{by}'"),
@@ -118,20 +140,25 @@ pub async fn kill(
         };
         status.push(s.to_string());
     }
-    if mode == KillMode::Sync {
-        for (m, s) in matched.iter().zip(status.iter_mut()) {
-            while shared.registry.workload_of_query(m.query_id).is_some() {
+    if mode == "sync" {
+        for (id, s) in ids.iter().zip(status.iter_mut()) {
+            while shared.registry.workload_of_query(*id).is_some() {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             *s = "finished".into();
         }
     }
-    rows("kill_status", status, &matched)
+    status
 }
 
 /// `MOVE QUERY … TO WORKLOAD w`: moves each matched statement, running (with what it holds) or
-/// waiting (it queues again there). Answers `move_status`, `query_id`, `user`, `query`.
-pub fn move_to(shared: &Shared, matched: Vec<Matched>, workload: &str) -> Result<RecordBatch> {
+/// waiting (it queues again there), on whichever node of the fleet it is. Answers
+/// `move_status`, `query_id`, `user`, `query`.
+pub async fn move_to(
+    shared: &Shared,
+    matched: Vec<Matched>,
+    workload: &str,
+) -> Result<RecordBatch> {
     let snapshot = shared.snapshot();
     if snapshot.catalog.workload(workload).is_none() {
         return Err(Error::bad_arguments(format!(
@@ -144,14 +171,99 @@ pub fn move_to(shared: &Shared, matched: Vec<Matched>, workload: &str) -> Result
             format!("Unable to link to workload '{workload}' that has children; queries run in leaf workloads only"),
         ));
     }
-    let mut status = Vec::new();
-    for m in &matched {
-        status.push(match shared.move_any(m.query_id, workload) {
-            Ok(()) => format!("moved from {}", m.workload),
-            Err(_) => "finished".to_string(), // it ended meanwhile
-        });
-    }
+    let status = act(shared, &matched, "move", workload).await?;
     rows("move_status", status, &matched)
+}
+
+/// Moves statements `ids` of this node to `workload`: each one's `move_status`.
+fn move_here(shared: &Shared, ids: &[u64], from: &[String], workload: &str) -> Vec<String> {
+    ids.iter()
+        .zip(from)
+        .map(|(id, from)| match shared.move_any(*id, workload) {
+            Ok(()) => format!("moved from {from}"),
+            Err(_) => "finished".to_string(), // it ended meanwhile
+        })
+        .collect()
+}
+
+/// How long a node waits for another to kill or move its statements (a `SYNC` kill waits for
+/// them to end).
+const ACT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Kills or moves (`what`, with `how`: the kill's mode and user, or the workload) each
+/// matched statement where it runs: here, or on its node (asked through etcd). Each one's
+/// status, in `matched`'s order.
+async fn act(shared: &Shared, matched: &[Matched], what: &str, how: &str) -> Result<Vec<String>> {
+    let here = shared.node_name();
+    let mut status = vec![String::new(); matched.len()];
+    let mut nodes: Vec<&str> = matched.iter().map(|m| m.node.as_str()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    for node in nodes {
+        let places: Vec<usize> = (0..matched.len())
+            .filter(|i| matched[*i].node == node)
+            .collect();
+        let ids: Vec<u64> = places.iter().map(|i| matched[*i].query_id).collect();
+        let workloads: Vec<String> = places
+            .iter()
+            .map(|i| matched[*i].workload.clone())
+            .collect();
+        let answered = if node == here {
+            local(shared, what, how, &ids, &workloads).await
+        } else {
+            let body = format!("{how}\n{}", request_rows(&ids, &workloads));
+            let text = crate::fleet_views::ask_node(shared, node, what, &body, ACT_WAIT).await?;
+            text.lines().map(str::to_string).collect()
+        };
+        for (place, s) in places.into_iter().zip(answered) {
+            status[place] = s;
+        }
+    }
+    Ok(status)
+}
+
+/// The statements of a request: `id<TAB>workload` lines.
+fn request_rows(ids: &[u64], workloads: &[String]) -> String {
+    ids.iter()
+        .zip(workloads)
+        .map(|(id, w)| format!("{id}\t{w}\n"))
+        .collect()
+}
+
+/// Kills or moves statements of this node (see [`act`]).
+async fn local(
+    shared: &Shared,
+    what: &str,
+    how: &str,
+    ids: &[u64],
+    from: &[String],
+) -> Vec<String> {
+    if what == "kill" {
+        let (mode, by) = how.split_once('\n').unwrap_or((how, ""));
+        kill_here(shared, by, ids, mode).await
+    } else {
+        move_here(shared, ids, from, how)
+    }
+}
+
+/// This node's answer to another node's `kill` or `move` request (see [`act`]): one status
+/// line per statement.
+pub async fn answer(shared: &Shared, what: &str, body: &str) -> Result<String> {
+    // kill: MODE, BY, then rows; move: WORKLOAD, then rows.
+    let header_lines = if what == "kill" { 2 } else { 1 };
+    let mut lines = body.lines();
+    let how: Vec<&str> = lines.by_ref().take(header_lines).collect();
+    let (mut ids, mut from) = (Vec::new(), Vec::new());
+    for line in lines {
+        let (id, workload) = line.split_once('\t').unwrap_or((line, ""));
+        ids.push(
+            id.parse::<u64>()
+                .map_err(|_| Error::bad_arguments(format!("not a query id: {id}")))?,
+        );
+        from.push(workload.to_string());
+    }
+    let statuses = local(shared, what, &how.join("\n"), &ids, &from).await;
+    Ok(statuses.join("\n"))
 }
 
 /// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: stops the statement connection

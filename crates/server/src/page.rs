@@ -8,6 +8,9 @@
 //! - The figures are the system tables' own rows (`system.resources`, `system.workloads`,
 //!   `system.scheduler`, `system.processes`), built by [`crate::system::tables`]: the page
 //!   shows what SQL shows, never a second account of it.
+//! - In a fleet, `system.scheduler` and `system.processes` are every live node's rows (as
+//!   `clusterAllReplicas` reads them, each with its `node`): the page of any node shows the
+//!   whole fleet.
 //! - Read-only: nothing here changes the server.
 //! - At most [`MAX_STREAMS`] event streams at once; each ends when its browser goes away or
 //!   stops reading (a write that cannot finish in [`WRITE_TIMEOUT`]), so stalled readers cannot
@@ -16,7 +19,7 @@
 //!   are.
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -50,23 +53,44 @@ const TABLES: [&str; 5] = [
     "workload_shares",
 ];
 
-/// The page's figures as of now: `{"at": <unix ms>, "<table>": [{column: value, …}, …], …}`.
-pub fn state_json(shared: &Shared) -> String {
+/// The tables that show every node of a fleet.
+const FLEET_TABLES: [&str; 2] = ["scheduler", "processes"];
+
+/// The page's figures as of now: `{"at": <unix ms>, "node": <this node>, "<table>": [{column:
+/// value, …}, …], …}`.
+pub async fn state_json(shared: &Shared) -> String {
     let mut out = String::from("{");
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let _ = write!(out, "\"at\":{at}");
+    let _ = write!(out, "\"at\":{at},\"node\":");
+    string(shared.node_name(), &mut out);
+    let in_fleet = shared.fleet.get().is_some();
+    let mut errors = Vec::new();
     let result = crate::system::tables(shared, &mut |name, batch| {
-        if TABLES.contains(&name) {
+        if TABLES.contains(&name) && !(in_fleet && FLEET_TABLES.contains(&name)) {
             let _ = write!(out, ",\"{name}\":");
             rows_json(&batch, &mut out);
         }
         Ok(())
     });
     if let Err(e) = result {
+        errors.push(e.message);
+    }
+    if in_fleet {
+        for name in FLEET_TABLES {
+            match crate::fleet_views::gather(shared, name).await {
+                Ok(batch) => {
+                    let _ = write!(out, ",\"{name}\":");
+                    rows_json(&batch, &mut out);
+                }
+                Err(e) => errors.push(e.message),
+            }
+        }
+    }
+    if !errors.is_empty() {
         let _ = write!(out, ",\"error\":");
-        string(&e.message, &mut out);
+        string(&errors.join("; "), &mut out);
     }
     out.push('}');
     out
@@ -76,19 +100,23 @@ pub fn state_json(shared: &Shared) -> String {
 /// tick of the last build gets that build, so N open pages cost one build a tick, not N.
 #[derive(Debug, Default)]
 pub struct Ticks {
-    last: Mutex<Option<(Instant, Arc<str>)>>,
+    /// Held while a build runs (it may ask the fleet), so the others wait for it.
+    last: tokio::sync::Mutex<Option<(Instant, Arc<str>)>>,
 }
 
 impl Ticks {
     /// The latest figures, built by `build` when there are none from the last half tick.
-    pub fn state(&self, build: impl FnOnce() -> String) -> Arc<str> {
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+    pub async fn state<F: std::future::Future<Output = String>>(
+        &self,
+        build: impl FnOnce() -> F,
+    ) -> Arc<str> {
+        let mut last = self.last.lock().await;
         if let Some((at, state)) = last.as_ref() {
             if at.elapsed() < TICK / 2 {
                 return state.clone();
             }
         }
-        let state: Arc<str> = build().into();
+        let state: Arc<str> = build().await.into();
         *last = Some((Instant::now(), state.clone()));
         state
     }
@@ -108,14 +136,14 @@ pub async fn write_timed<W: AsyncWrite + Unpin>(out: &mut W, bytes: &[u8]) -> st
 
 /// Sends `next()` as a server-sent event every [`TICK`] until a write fails or times out
 /// (the reader went away or stopped reading); returns why.
-pub async fn stream_events<W: AsyncWrite + Unpin>(
+pub async fn stream_events<W: AsyncWrite + Unpin, F: std::future::Future<Output = Arc<str>>>(
     out: &mut W,
-    mut next: impl FnMut() -> Arc<str>,
+    mut next: impl FnMut() -> F,
 ) -> std::io::Error {
     let mut tick = tokio::time::interval(TICK);
     loop {
         tick.tick().await;
-        let event = format!("data: {}\n\n", next());
+        let event = format!("data: {}\n\n", next().await);
         if let Err(e) = write_timed(out, event.as_bytes()).await {
             return e;
         }
@@ -199,7 +227,7 @@ mod tests {
         let (mut near, _far) = tokio::io::duplex(1024);
         let ended = tokio::time::timeout(
             Duration::from_secs(3600),
-            stream_events(&mut near, || Arc::from("x".repeat(300))),
+            stream_events(&mut near, || async { Arc::from("x".repeat(300)) }),
         )
         .await
         .expect("the stream ends, releasing its place");
@@ -211,17 +239,21 @@ mod tests {
         let ticks = Ticks::default();
         let mut builds = 0;
         for _ in 0..64 {
-            ticks.state(|| {
-                builds += 1;
-                "{}".into()
-            });
+            ticks
+                .state(|| {
+                    builds += 1;
+                    async { "{}".to_string() }
+                })
+                .await;
         }
         assert_eq!(builds, 1);
         tokio::time::advance(TICK).await;
-        let state = ticks.state(|| {
-            builds += 1;
-            "{\"at\":1}".into()
-        });
+        let state = ticks
+            .state(|| {
+                builds += 1;
+                async { "{\"at\":1}".to_string() }
+            })
+            .await;
         assert_eq!((builds, &*state), (2, "{\"at\":1}"));
     }
 

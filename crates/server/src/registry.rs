@@ -29,6 +29,9 @@ pub struct Registry {
     /// its first statement.
     terminations: Mutex<HashMap<i32, Arc<Flag>>>,
     next_query_id: AtomicU64,
+    /// In a fleet, this node's number times [`NODE_IDS`]: added to every query id, so that ids
+    /// are unique across the fleet (0 alone).
+    id_base: AtomicU64,
     /// Set by [`Registry::stop_all`]: what every statement registered later is stopped with.
     closed: Mutex<Option<Error>>,
 }
@@ -40,12 +43,23 @@ impl Default for Registry {
             cancels: Mutex::default(),
             terminations: Mutex::default(),
             next_query_id: AtomicU64::new(1),
+            id_base: AtomicU64::new(0),
             closed: Mutex::default(),
         }
     }
 }
 
+/// Query ids a node of a fleet numbers its statements with: node `k`'s are `k × NODE_IDS + n`
+/// (a thousand million million each: node 2's 42nd statement is 2000000000000042).
+pub const NODE_IDS: u64 = 1_000_000_000_000_000;
+
 impl Registry {
+    /// Numbers this node's statements from now on as node `number` of a fleet.
+    pub fn set_node_number(&self, number: u64) {
+        self.id_base
+            .store(number.saturating_mul(NODE_IDS), Ordering::Relaxed);
+    }
+
     fn processes(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<u64, Process, foldhash::fast::RandomState>> {
@@ -60,7 +74,8 @@ impl Registry {
         query: &Arc<str>,
         pid: Option<i32>,
     ) -> ProcessGuard {
-        let query_id = self.next_query_id.fetch_add(1, Ordering::Relaxed);
+        let query_id = self.id_base.load(Ordering::Relaxed)
+            + self.next_query_id.fetch_add(1, Ordering::Relaxed) % NODE_IDS;
         let control = Arc::new(Control::default());
         let process = Process {
             query_id,

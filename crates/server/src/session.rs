@@ -331,11 +331,9 @@ impl Connection {
                 workload,
             } => {
                 let matched = self.matching(user, &predicate).await?;
-                Ok(batch_outcome(crate::operator::move_to(
-                    &self.shared,
-                    matched,
-                    &workload,
-                )?))
+                Ok(batch_outcome(
+                    crate::operator::move_to(&self.shared, matched, &workload).await?,
+                ))
             }
             ClientStatement::SignalBackend { pid, terminate } => Ok(batch_outcome(
                 crate::operator::signal_backend(&self.shared, user, pid, terminate)?,
@@ -596,6 +594,7 @@ impl Connection {
             ..
         } = admitted;
         crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
+        let text = crate::fleet_views::prepare(&self.shared, &query.text).await?;
         let options = ExecuteOptions {
             target_partitions: threads,
             io: crate::disk_gate::DiskGate::for_statement(&self.shared, &grant),
@@ -605,7 +604,7 @@ impl Connection {
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
-            output = self.session().execute(&query.text, options, params) => output?,
+            output = self.session().execute(&text, options, params) => output?,
             e = &mut stop => return Err(e),
         };
         Ok(match output {
@@ -661,7 +660,8 @@ impl Connection {
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
             ClientStatement::Query(query) => {
                 crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
-                self.session().describe(&query.text).await?
+                let text = crate::fleet_views::prepare(&self.shared, &query.text).await?;
+                self.session().describe(&text).await?
             }
         })
     }

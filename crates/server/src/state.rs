@@ -511,6 +511,15 @@ impl Shared {
         }
     }
 
+    /// This node's name: `[cluster] node` in a fleet, `local` alone (as the admission log
+    /// and `system.processes.node` show it).
+    pub fn node_name(&self) -> &str {
+        self.options
+            .cluster
+            .as_ref()
+            .map_or("local", |c| c.node.as_str())
+    }
+
     /// `MOVE QUERY`: a running statement moves with what it holds ([`Shared::move_query`]); a
     /// waiting one leaves its queue and queues again in `workload`.
     pub fn move_any(&self, query_id: u64, workload: &str) -> Result<()> {

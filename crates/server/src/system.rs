@@ -288,6 +288,12 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                 space_u64s(&|n| n.pending.map(|_| n.stats.rejects)),
             ),
             ("pending", space_u64s(&|n| n.pending)),
+            // sluice's, after ClickHouse's columns: the node (a fleet's views gather every
+            // node's rows).
+            (
+                "node",
+                strings(rows.iter().map(|_| Some(shared.node_name()))),
+            ),
         ])?,
     )?;
 
@@ -363,7 +369,9 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                         .map(|n| {
                             view.shares
                                 .iter()
-                                .filter_map(|(w, by)| Some(format!("{w}={}", by.get(&n.name)?)))
+                                .filter_map(|(key, by)| {
+                                    Some(crate::fleet::share_shown(key, *by.get(&n.name)?))
+                                })
                                 .collect::<Vec<_>>()
                         })
                         .collect(),
@@ -458,6 +466,11 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                         .iter()
                         .map(|p| p.classified.as_ref().map(|c| c.rule.name.clone())),
                 ),
+            ),
+            // The node it runs on (a fleet's views gather every node's rows).
+            (
+                "node",
+                strings(processes.iter().map(|_| Some(shared.node_name()))),
             ),
         ])?,
     )?;

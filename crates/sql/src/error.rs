@@ -55,6 +55,8 @@ pub enum ErrorCode {
     /// The fleet's coordination store (etcd) failed or cannot be reached; ClickHouse's name
     /// for a failure of its coordination store (ZooKeeper, Keeper).
     KeeperException,
+    /// `clusterAllReplicas` naming a cluster this node is not part of.
+    ClusterDoesntExist,
 }
 
 impl ErrorCode {
@@ -97,6 +99,7 @@ impl ErrorCode {
             ErrorCode::AllConnectionTriesFailed => "ALL_CONNECTION_TRIES_FAILED",
             ErrorCode::AuthenticationFailed => "AUTHENTICATION_FAILED",
             ErrorCode::KeeperException => "KEEPER_EXCEPTION",
+            ErrorCode::ClusterDoesntExist => "CLUSTER_DOESNT_EXIST",
         }
     }
 
@@ -137,6 +140,7 @@ impl ErrorCode {
             ErrorCode::AllConnectionTriesFailed => 279,
             ErrorCode::AuthenticationFailed => 516,
             ErrorCode::KeeperException => 999,
+            ErrorCode::ClusterDoesntExist => 701,
         }
     }
 
@@ -177,6 +181,7 @@ impl ErrorCode {
             ErrorCode::AuthenticationFailed => "28P01",
             // system_error: an external system failed.
             ErrorCode::KeeperException => "58000",
+            ErrorCode::ClusterDoesntExist => "42704",
         }
     }
 }
