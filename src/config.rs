@@ -45,6 +45,13 @@ pub struct ClusterConfig {
     /// etcd's user and password, when etcd has authentication on.
     pub user: Option<String>,
     pub password: Option<String>,
+    /// TLS to etcd: the CA that signed etcd's certificate (PEM), and this node's certificate
+    /// and key when etcd asks clients for one.
+    pub tls_ca: Option<std::path::PathBuf>,
+    pub tls_cert: Option<std::path::PathBuf>,
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Stop running statements when the node's fence passes [default: false].
+    pub cancel_at_fence: Option<bool>,
 }
 
 /// `[upstream]`: the database sluice fronts (upstream mode).

@@ -509,6 +509,21 @@ fn cluster_options(c: &config::ClusterConfig) -> anyhow::Result<sluice_cluster::
         (None, None) => None,
         _ => anyhow::bail!("cluster.user and cluster.password go together"),
     };
+    let cert_and_key = match (&c.tls_cert, &c.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+        (None, None) => None,
+        _ => anyhow::bail!("cluster.tls_cert and cluster.tls_key go together"),
+    };
+    let tls = match (&c.tls_ca, cert_and_key) {
+        (Some(ca), cert_and_key) => Some(sluice_cluster::TlsFiles {
+            ca: ca.clone(),
+            cert_and_key,
+        }),
+        (None, None) => None,
+        (None, Some(_)) => anyhow::bail!(
+            "cluster.tls_cert and tls_key need cluster.tls_ca (the CA that signed etcd's certificate)"
+        ),
+    };
     Ok(sluice_cluster::ClusterOptions {
         endpoints: c.etcd.clone(),
         prefix: c
@@ -518,6 +533,8 @@ fn cluster_options(c: &config::ClusterConfig) -> anyhow::Result<sluice_cluster::
         node,
         lease_ttl,
         user,
+        tls,
+        cancel_at_fence: c.cancel_at_fence.unwrap_or(false),
     })
 }
 

@@ -20,6 +20,18 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn config(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> PathBuf {
+    config_with(dir, etcd, node, lease_ttl, "", "")
+}
+
+/// [`config`] with more lines in `[cluster]` (`cluster`) and after it (`more`: other sections).
+fn config_with(
+    dir: &Path,
+    etcd: &Etcd,
+    node: &str,
+    lease_ttl: u64,
+    cluster: &str,
+    more: &str,
+) -> PathBuf {
     let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
     let path = dir.join(format!("{node}.toml"));
     let log = dir.join(format!("{node}.admissions"));
@@ -29,7 +41,7 @@ fn config(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "[server]\nadmission_log = {log:?}\n[http]\nlisten = \"127.0.0.1:{http}\"\n[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n",
+            "[server]\nadmission_log = {log:?}\n[http]\nlisten = \"127.0.0.1:{http}\"\n[cluster]\netcd = [{}]\nprefix = \"/fleet-test\"\nnode = \"{node}\"\nlease_ttl = {lease_ttl}\n{cluster}\n{more}\n",
             endpoints.join(", ")
         ),
     )
@@ -64,10 +76,22 @@ fn metric(dir: &Path, node: &str, name: &str) -> u64 {
 }
 
 fn start(dir: &Path, etcd: &Etcd, node: &str, lease_ttl: u64) -> (common::Server, u16) {
+    start_with(dir, etcd, node, lease_ttl, "", "")
+}
+
+/// [`start`] with more configuration (see [`config_with`]).
+fn start_with(
+    dir: &Path,
+    etcd: &Etcd,
+    node: &str,
+    lease_ttl: u64,
+    cluster: &str,
+    more: &str,
+) -> (common::Server, u16) {
     let port = common::free_port();
     let home = dir.join(node);
     std::fs::create_dir_all(&home).expect("node dir");
-    let config = config(dir, etcd, node, lease_ttl);
+    let config = config_with(dir, etcd, node, lease_ttl, cluster, more);
     let server = common::start(
         &home,
         &[
@@ -1347,5 +1371,128 @@ fn the_fleet_is_seen_and_acted_on_as_one() {
         ports[0],
         "SELECT string_agg(DISTINCT node, ',' ORDER BY node) FROM clusterAllReplicas('default', system.scheduler)",
         "n1,n2",
+    );
+}
+
+/// `[cluster] cancel_at_fence`: a node cut off from etcd (two of three members killed: no
+/// quorum, no renewal) stops its statements holding QUERY slots when its fence passes —
+/// before its lease can expire and its shares go to another node — with an error saying why;
+/// once etcd is back it admits again. Without the option they finish (the fault tests).
+#[test]
+fn cancel_at_fence_stops_what_runs_when_the_lease_is_in_doubt() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut etcd = Etcd::start(dir.path(), 3);
+    let (_n1, port) = start_with(dir.path(), &etcd, "n1", 2, "cancel_at_fence = true", "");
+    run(port, "CREATE RESOURCE q (QUERY)").expect("ddl");
+    run(
+        port,
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 4",
+    )
+    .expect("ddl");
+    let runtime = runtime();
+    let long = runtime.spawn(async move {
+        let (client, connection) = tokio_postgres::connect(
+            &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("connects");
+        tokio::spawn(connection);
+        let began = Instant::now();
+        let answer = client
+            .simple_query("SELECT pg_sleep(30) SETTINGS workload = 'all'")
+            .await;
+        (
+            began.elapsed(),
+            answer.map(|_| ()).map_err(|e| format!("{e:?}")),
+        )
+    });
+    says(
+        port,
+        "SELECT count(*) FROM system.processes WHERE query LIKE 'SELECT pg_sleep(30)%'",
+        "1",
+    );
+    let cut = Instant::now();
+    etcd.kill(0);
+    etcd.kill(1);
+    let (ran, answer) = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), long).await })
+        .expect("stopped well before its 30 s")
+        .expect("client");
+    let stopped_after = cut.elapsed();
+    eprintln!(
+        "cancel_at_fence: stopped {stopped_after:?} after etcd lost its quorum (ran {ran:?})"
+    );
+    let error = answer.expect_err("stopped");
+    assert!(
+        error.contains("fence passed") && error.contains("cancel_at_fence"),
+        "{error}"
+    );
+    // The fence is 0.9 of the lease's 2 s after the last renewal: well before it expires.
+    assert!(
+        stopped_after < Duration::from_secs(2),
+        "stopped only {stopped_after:?} after the cut"
+    );
+    assert!(metric(dir.path(), "n1", "sluice_fleet_cancelled_at_fence_total") >= 1);
+    etcd.restart(0);
+    etcd.restart(1);
+    etcd.wait_healthy(0);
+    // Back in touch (under a new lease, once its old one expired), it admits again.
+    says(port, "SELECT 7 SETTINGS workload = 'all'", "7");
+}
+
+/// A node whose `[catalog] statements` differ from the others' cannot take a change that
+/// needs what only they define: it keeps serving on its catalog, counts and logs the failure
+/// (backing off), and takes the fleet's catalog again once the change is undone.
+#[test]
+fn a_node_that_cannot_apply_a_change_keeps_serving_and_catches_up() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(dir.path(), 3);
+    let (_n1, p1) = start_with(
+        dir.path(),
+        &etcd,
+        "n1",
+        5,
+        "",
+        "[catalog]\nstatements = \"WORKLOAD configured\"",
+    );
+    let (_n2, p2) = start(dir.path(), &etcd, "n2", 5);
+    run(p2, "CREATE RESOURCE q2 (QUERY)").expect("ddl on n2");
+    says(
+        p1,
+        "SELECT count(*) FROM system.resources WHERE name = 'q2'",
+        "1",
+    );
+    // Only n1 knows 'configured': n2 cannot apply this one.
+    run(p1, "CREATE WORKLOAD child IN configured").expect("ddl on n1");
+    let started = Instant::now();
+    while metric(
+        dir.path(),
+        "n2",
+        "sluice_fleet_catalog_apply_failures_total",
+    ) == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "n2 shows no failure"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // n2 serves on what it has.
+    says(
+        p2,
+        "SELECT count(*) FROM system.resources WHERE name = 'q2'",
+        "1",
+    );
+    says(p2, "SELECT 1", "1");
+    // Undone on n1: n2 catches up (its retries back off, so within their 10 s at most).
+    run(p1, "DROP WORKLOAD child").expect("drop on n1");
+    run(p1, "DROP RESOURCE q2").expect("more ddl on n1");
+    says(
+        p2,
+        "SELECT count(*) FROM system.resources WHERE name = 'q2'",
+        "0",
     );
 }

@@ -151,13 +151,40 @@ impl Membership {
     }
 }
 
-/// A client of the etcd `options` names (with its user and password, if any).
+/// A client of the etcd `options` names (with its user and password, and TLS, if any).
 async fn connect(options: &ClusterOptions) -> Result<Client> {
-    let connect = options
-        .user
-        .as_ref()
-        .map(|(user, password)| ConnectOptions::new().with_user(user.clone(), password.clone()));
-    Client::connect(&options.endpoints, connect)
+    let mut connect = ConnectOptions::new();
+    if let Some((user, password)) = &options.user {
+        connect = connect.with_user(user.clone(), password.clone());
+    }
+    if let Some(tls) = &options.tls {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("cluster.{what} {}: {e}", path.display()),
+                )
+            })
+        };
+        let mut config = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca, "tls_ca")?));
+        if let Some((cert, key)) = &tls.cert_and_key {
+            config = config.identity(etcd_client::Identity::from_pem(
+                read(cert, "tls_cert")?,
+                read(key, "tls_key")?,
+            ));
+        }
+        connect = connect.with_tls(config);
+    } else if options.endpoints.iter().any(|e| e.starts_with("https://")) {
+        return Err(Error::new(
+            ErrorCode::BadArguments,
+            format!(
+                "cluster.etcd names https:// endpoints ({}): set cluster.tls_ca to the CA that signed etcd's certificate (and tls_cert, tls_key when etcd asks for a client certificate)",
+                options.endpoints.join(", ")
+            ),
+        ));
+    }
+    Client::connect(&options.endpoints, Some(connect))
         .await
         .map_err(|e| etcd_error("cannot connect", &options.endpoints, e))
 }

@@ -74,6 +74,19 @@ pub struct ClusterOptions {
     pub lease_ttl: Duration,
     /// etcd's user and password, when etcd has authentication on.
     pub user: Option<(String, String)>,
+    /// TLS to etcd (`https://` endpoints): the CA that signed etcd's certificate, and this
+    /// node's certificate and key when etcd asks clients for one (`--client-cert-auth`).
+    pub tls: Option<TlsFiles>,
+    /// Stop the statements holding QUERY slots the moment this node's fence passes (its lease
+    /// in doubt), instead of letting them finish: the fleet's limits then hold strictly.
+    pub cancel_at_fence: bool,
+}
+
+/// The files of [`ClusterOptions::tls`], PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: std::path::PathBuf,
+    pub cert_and_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// [`ClusterOptions::lease_ttl`] when the config says nothing.

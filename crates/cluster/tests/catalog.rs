@@ -15,6 +15,8 @@ fn options(etcd: &Etcd, node: &str) -> ClusterOptions {
         node: node.into(),
         lease_ttl: Duration::from_secs(5),
         user: None,
+        tls: None,
+        cancel_at_fence: false,
     }
 }
 

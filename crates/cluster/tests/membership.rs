@@ -16,6 +16,8 @@ fn options(etcd: &Etcd, node: &str) -> ClusterOptions {
         node: node.into(),
         lease_ttl: Duration::from_secs(2),
         user: None,
+        tls: None,
+        cancel_at_fence: false,
     }
 }
 
@@ -88,4 +90,46 @@ async fn nodes_join_leave_and_die_as_their_leases_say() {
     etcd.restart(0);
     etcd.wait_healthy(0);
     lists(&a, &["a", "d"]).await;
+}
+
+/// TLS to etcd: a node with the CA and a client certificate joins an etcd that serves clients
+/// over TLS only and asks for a certificate; without the CA it is refused before connecting,
+/// saying what to set; with the CA but no certificate etcd refuses it, and the error names etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_an_etcd_that_speaks_tls_with_its_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start_tls(dir.path(), 1);
+    let tls = etcd.tls().expect("tls").clone();
+    let with = |cert: bool| ClusterOptions {
+        tls: Some(sluice_cluster::TlsFiles {
+            ca: tls.ca.clone(),
+            cert_and_key: cert.then(|| (tls.client_cert.clone(), tls.client_key.clone())),
+        }),
+        ..options(&etcd, "a")
+    };
+    let a = Membership::join(with(true), "127.0.0.1:5001")
+        .await
+        .expect("joins over TLS");
+    lists(&a, &["a"]).await;
+    let plain = Membership::join(options(&etcd, "b"), "127.0.0.1:5002")
+        .await
+        .expect_err("https without a CA");
+    assert_eq!(plain.code, ErrorCode::BadArguments, "{plain}");
+    assert!(plain.message.contains("tls_ca"), "{plain}");
+    let anonymous = tokio::time::timeout(
+        Duration::from_secs(60),
+        Membership::join(
+            ClusterOptions {
+                node: "c".into(),
+                ..with(false)
+            },
+            "127.0.0.1:5003",
+        ),
+    )
+    .await
+    .expect("refused in time")
+    .expect_err("no client certificate");
+    assert_eq!(anonymous.code, ErrorCode::KeeperException, "{anonymous}");
+    assert!(anonymous.message.contains("etcd"), "{anonymous}");
+    lists(&a, &["a"]).await;
 }

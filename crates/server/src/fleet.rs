@@ -98,6 +98,9 @@ pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Resu
     let (view_tx, view) = tokio::sync::watch::channel(FleetView::default());
     let _ = shared.fleet_view.set(view.clone());
     tokio::spawn(follow_fleet_catalog(Arc::downgrade(shared), store));
+    if options.cancel_at_fence {
+        tokio::spawn(cancel_at_fence(Arc::downgrade(shared), fence.clone()));
+    }
     tokio::spawn(keep_shares(
         Arc::downgrade(shared),
         book,
@@ -206,6 +209,9 @@ async fn share_lanes(
 /// when following breaks (etcd unreachable, a change this node cannot apply), the catalog is
 /// read whole again and followed from there.
 async fn follow_fleet_catalog(shared: Weak<Shared>, store: sluice_cluster::CatalogStore) {
+    // Failures in a row: a change this node cannot apply fails again at every try (its
+    // `[catalog] statements` differ from the node's that made it, say), so the tries back off.
+    let mut failures = 0u32;
     loop {
         let Some(from) = shared
             .upgrade()
@@ -230,20 +236,89 @@ async fn follow_fleet_catalog(shared: Weak<Shared>, store: sluice_cluster::Catal
         if let Some(e) = broke {
             tracing::warn!("following the fleet's catalog: {e}; reading it whole again");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pause = Duration::from_millis(200 << failures.min(6)).min(Duration::from_secs(10));
+        tokio::time::sleep(pause).await;
         let Some(shared) = shared.upgrade() else {
             return;
         };
         match store.load().await {
             Ok(stored) => match shared.adopt_fleet_catalog(&stored).await {
                 Ok(()) => {
+                    failures = 0;
                     if let Some(fleet) = shared.fleet_catalog.get() {
                         fleet.applied.send_replace(stored.revision);
                     }
                 }
-                Err(e) => tracing::error!("the fleet's catalog cannot be adopted: {e}"),
+                Err(e) => {
+                    failures += 1;
+                    shared.metrics.fleet.catalog_failures.fetch_add(1, Relaxed);
+                    tracing::error!(
+                        "the fleet's catalog cannot be applied on this node: {e}; this node keeps its catalog as of revision {} and tries again (a node whose [catalog] statements differ from the others' may not be able to take a change they took)",
+                        shared.fleet_catalog.get().map_or(0, |f| *f.applied.borrow())
+                    );
+                }
             },
-            Err(e) => tracing::warn!("reading the fleet's catalog: {e}"),
+            Err(e) => {
+                failures += 1;
+                tracing::warn!("reading the fleet's catalog: {e}");
+            }
+        }
+    }
+}
+
+/// `[cluster] cancel_at_fence`: the moment the fence passes (not at the keeper's next round,
+/// which etcd may hold up), every statement holding a QUERY slot here is stopped. The other
+/// nodes can take this node's shares only once its lease expired, a tenth of `lease_ttl`
+/// after the fence: so with it, a statement counts against the fleet's limits until it ends,
+/// and the limits hold strictly (docs/fleet.md).
+async fn cancel_at_fence(shared: Weak<Shared>, fence: Arc<sluice_sched::Fence>) {
+    const LOOK: Duration = Duration::from_millis(20);
+    loop {
+        let Some(until) = fence.until() else {
+            tokio::time::sleep(LOOK).await;
+            continue;
+        };
+        tokio::time::sleep_until(until).await;
+        if fence.until() != Some(until) {
+            continue; // renewed meanwhile
+        }
+        let Some(node) = shared.upgrade() else { return };
+        let Some(query) = node.snapshot().roles.query.clone() else {
+            continue;
+        };
+        let mut stopped = 0;
+        for process in node.registry.all() {
+            let holds = process.grant.as_ref().is_some_and(|g| {
+                g.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .attachments
+                    .iter()
+                    .any(|a| a.resource == query)
+            });
+            if holds
+                && node.registry.kill(
+                    process.query_id,
+                    sluice_sql::Error::new(
+                        sluice_sql::ErrorCode::QueryWasCancelled,
+                        "Query was cancelled: this node's lease in etcd is in doubt (its fence passed) and [cluster] cancel_at_fence stops what it runs; run it again",
+                    ),
+                )
+            {
+                stopped += 1;
+            }
+        }
+        node.metrics
+            .fleet
+            .cancelled_at_fence
+            .fetch_add(stopped, Relaxed);
+        tracing::warn!(
+            stopped,
+            "the fleet's fence passed: cancel_at_fence stopped the statements holding QUERY slots"
+        );
+        drop(node);
+        // Until the fence moves on (a renewal, or a new lease).
+        while fence.until() == Some(until) {
+            tokio::time::sleep(LOOK).await;
         }
     }
 }

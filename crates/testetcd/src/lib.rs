@@ -3,6 +3,9 @@
 //! killed (SIGKILL) when dropped. Members can be killed and started again to try what a fleet
 //! does when etcd loses a member or its quorum.
 //!
+//! [`Etcd::start_tls`] serves clients over TLS only, asking each for a certificate signed by
+//! its CA (files made with the machine's `openssl`: [`Tls`]).
+//!
 //! Only a dev-dependency: nothing here ships in the binary.
 
 use std::io::{Read, Write};
@@ -16,6 +19,17 @@ use std::time::{Duration, Instant};
 pub struct Etcd {
     dir: PathBuf,
     members: Vec<Member>,
+    tls: Option<Tls>,
+}
+
+/// The PEM files of a TLS cluster: its CA, etcd's certificate, and a client's.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 #[derive(Debug)]
@@ -23,6 +37,8 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP `/health`, whether clients speak TLS or not.
+    metrics_port: u16,
     process: Option<Child>,
 }
 
@@ -37,17 +53,30 @@ fn free_port() -> u16 {
 impl Etcd {
     /// Starts a cluster of `size` members under `dir` and waits until every member is healthy.
     pub fn start(dir: &Path, size: usize) -> Etcd {
+        Etcd::start_with(dir, size, None)
+    }
+
+    /// [`Etcd::start`], serving clients over TLS only and asking each for a certificate its CA
+    /// signed ([`Etcd::tls`] has the files).
+    pub fn start_tls(dir: &Path, size: usize) -> Etcd {
+        let tls = Tls::make(dir);
+        Etcd::start_with(dir, size, Some(tls))
+    }
+
+    fn start_with(dir: &Path, size: usize, tls: Option<Tls>) -> Etcd {
         let members: Vec<Member> = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
                 client_port: free_port(),
                 peer_port: free_port(),
+                metrics_port: free_port(),
                 process: None,
             })
             .collect();
         let mut etcd = Etcd {
             dir: dir.to_path_buf(),
             members,
+            tls,
         };
         for i in 0..size {
             etcd.spawn(i, "new");
@@ -58,12 +87,19 @@ impl Etcd {
         etcd
     }
 
-    /// The client URLs of every member (`http://127.0.0.1:PORT`), killed ones too.
+    /// The client URLs of every member (`http://127.0.0.1:PORT`, `https://` with TLS), killed
+    /// ones too.
     pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect()
+    }
+
+    /// The TLS files of a cluster started with [`Etcd::start_tls`].
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     /// Kills member `i` at once (SIGKILL), as a crash would.
@@ -82,7 +118,7 @@ impl Etcd {
 
     /// Waits until member `i` answers `/health` with `true` (a minute at most).
     pub fn wait_healthy(&self, i: usize) {
-        let port = self.members[i].client_port;
+        let port = self.members[i].metrics_port;
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if healthy(port) {
@@ -104,9 +140,22 @@ impl Etcd {
         let member = &self.members[i];
         let log = std::fs::File::create(self.dir.join(format!("{}.log", member.name)))
             .expect("etcd's log file");
-        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let process = Command::new("etcd")
+        let metrics = format!("http://127.0.0.1:{}", member.metrics_port);
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let process = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(self.dir.join(&member.name))
@@ -117,6 +166,7 @@ impl Etcd {
             .args(["--initial-cluster", &cluster.join(",")])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", "sluice-test"])
+            .args(["--listen-metrics-urls", &metrics])
             // Fast elections on loopback, so a lost member is replaced in well under a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .stdin(Stdio::null())
@@ -125,6 +175,86 @@ impl Etcd {
             .spawn()
             .expect("etcd (Debian's etcd-server) on PATH");
         self.members[i].process = Some(process);
+    }
+}
+
+impl Tls {
+    /// A CA, a certificate for etcd on 127.0.0.1 and a client's, all signed by the CA, in `dir`.
+    fn make(dir: &Path) -> Tls {
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .current_dir(dir)
+                .args(args)
+                .output()
+                .expect("openssl runs");
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=sluice-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ]);
+        for (name, ext) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            let (key, csr, crt, extfile) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("{name}.ext"),
+            );
+            openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={name}"),
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ]);
+            std::fs::write(dir.join(&extfile), ext).expect("ext");
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                &extfile,
+                "-out",
+                &crt,
+            ]);
+        }
+        Tls {
+            ca: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+        }
     }
 }
 
