@@ -5,7 +5,14 @@
 #      limit that never binds): TPS and latency side by side, and the fleet's ratio;
 #   2. etcd's traffic (messages its members received, per second, summed over the three, from
 #      their /metrics) while the fleet is idle, and while it is busy: 16 pgbench clients on each
-#      node against a limit of 8 across the fleet, so that shares move all the time.
+#      node against a limit of 8 across the fleet, so that shares move all the time;
+#   3. a rate across the fleet (max_queries_per_second = 1000, 16 clients on each node): the
+#      fleet's TPS against the rate, and etcd's traffic meanwhile;
+#   4. clusterAllReplicas: `SELECT count(*) FROM clusterAllReplicas('default', system.processes)`
+#      on one node (asking the two others through etcd) against `system.processes` alone, one
+#      client: TPS and latency.
+#
+#   SECTIONS="1 2 3 4" (default) picks the sections to run.
 #
 #   bench/fleet.sh [SECONDS_PER_RUN]      (default 10)
 #
@@ -78,16 +85,21 @@ for port in 6561 6571; do
   ddl "$port" "CREATE WORKLOAD open IN all"
 done
 ddl 6571 "CREATE WORKLOAD tight IN all SETTINGS max_concurrent_queries = 8"
+ddl 6571 "CREATE WORKLOAD rated IN all SETTINGS max_queries_per_second = 1000, max_burst_queries = 100"
 echo 'SELECT 1;' > "$work/select1.sql"
+echo "SELECT count(*) FROM clusterAllReplicas('default', system.processes);" > "$work/fleet_view.sql"
+echo 'SELECT count(*) FROM system.processes;' > "$work/local_view.sql"
+sections="${SECTIONS:-1 2 3 4}"
+section() { [[ " $sections " == *" $1 "* ]]; }
 sleep 1
 
-# run PORT MODE CLIENTS WORKLOAD -> "tps p50_ms p99_ms"
+# run PORT MODE CLIENTS WORKLOAD [SCRIPT] -> "tps p50_ms p99_ms"
 run() {
-  local port=$1 mode=$2 clients=$3 workload=$4
+  local port=$1 mode=$2 clients=$3 workload=$4 script=${5:-select1.sql}
   rm -f "$work"/log.*
   local out tps
   out=$(cd "$work" && PGOPTIONS="-c workload=$workload" \
-    pgbench -n -M "$mode" -c "$clients" -j "$clients" -T "$seconds" -f select1.sql \
+    pgbench -n -M "$mode" -c "$clients" -j "$clients" -T "$seconds" -f "$script" \
       -h 127.0.0.1 -p "$port" -U bench -l --log-prefix=log postgres 2>&1 || true)
   tps=$(echo "$out" | awk '/^tps = / {print $3}')
   if [ -z "$tps" ]; then
@@ -111,6 +123,7 @@ etcd_messages() {
   echo "$total"
 }
 
+if section 1; then
 echo
 echo "sluice alone vs one node of a three-node fleet: pgbench SELECT 1, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
@@ -125,7 +138,9 @@ for mode in simple extended; do
       "$mode" "$clients" "$a_tps" "$f_tps" "$ratio" "$a_p50" "$f_p50" "$a_p99" "$f_p99"
   done
 done
+fi
 
+if section 2; then
 echo
 echo "etcd's traffic (messages received by its three members, per second)"
 echo
@@ -145,3 +160,39 @@ echo "| fleet | etcd messages/s |"
 echo "|---|---|"
 echo "| idle (3 nodes) | $idle |"
 echo "| busy (3 × 16 clients, limit 8 across the fleet, $busy_tps TPS in all) | $busy |"
+fi
+
+if section 3; then
+echo
+echo "a rate across the fleet: max_queries_per_second = 1000 (burst 100), 3 nodes × 16 clients, ${seconds} s"
+echo
+before=$(etcd_messages)
+rm -f "$work"/rated*.out
+for port in 6571 6572 6573; do
+  (cd "$work" && PGOPTIONS="-c workload=rated" pgbench -n -c 16 -j 4 -T "$seconds" \
+    -f select1.sql -h 127.0.0.1 -p "$port" -U bench postgres >"$work/rated$port.out" 2>&1) &
+done
+wait_rated() { while pgrep -f "pgbench -n -c 16 -j 4" >/dev/null; do sleep 0.2; done; }
+wait_rated
+rated=$(( ($(etcd_messages) - before) / seconds ))
+echo "| node | TPS |"
+echo "|---|---|"
+for port in 6571 6572 6573; do
+  printf "| %s | %.0f |\n" "$port" "$(awk '/^tps = / {print $3}' "$work/rated$port.out")"
+done
+printf "| fleet | %.0f (rate 1000/s) |\n" "$(awk '/^tps = / {s += $3} END {print s}' "$work"/rated*.out)"
+echo
+echo "etcd messages/s meanwhile: $rated"
+fi
+
+if section 4; then
+echo
+echo "clusterAllReplicas('default', system.processes) on one node of three vs system.processes, 1 client, ${seconds} s"
+echo
+echo "| query | TPS | p50 ms | p99 ms |"
+echo "|---|---|---|---|"
+read -r l_tps l_p50 l_p99 < <(run 6571 simple 1 open local_view.sql)
+read -r c_tps c_p50 c_p99 < <(run 6571 simple 1 open fleet_view.sql)
+printf "| system.processes | %.0f | %s | %s |\n" "$l_tps" "$l_p50" "$l_p99"
+printf "| clusterAllReplicas | %.0f | %s | %s |\n" "$c_tps" "$c_p50" "$c_p99"
+fi

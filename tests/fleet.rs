@@ -920,6 +920,10 @@ fn etcd_losing_members_and_quorum_under_load() {
             && refused.contains("KEEPER_EXCEPTION"),
         "{refused}"
     );
+    assert_eq!(
+        metric(dir.path(), "n1", "sluice_fleet_ddl_refused_total"),
+        1
+    );
     etcd.restart(0);
     etcd.restart(1);
     etcd.wait_healthy(0);

@@ -121,6 +121,8 @@ pub struct FleetCounters {
     pub catalog_failures: AtomicU64,
     /// Statements stopped because this node's fence passed (`[cluster] cancel_at_fence`).
     pub cancelled_at_fence: AtomicU64,
+    /// DDL statements that failed for etcd (unreachable, without quorum, too slow to apply).
+    pub ddl_refused: AtomicU64,
     /// This node's share of each limited workload, as stored in etcd.
     pub shares: Mutex<BTreeMap<String, i64>>,
 }
@@ -234,7 +236,7 @@ impl Metrics {
         if !f.active.load(Relaxed) {
             return;
         }
-        let counters: [(&str, &str, &AtomicU64); 7] = [
+        let counters: [(&str, &str, &AtomicU64); 8] = [
             ("sluice_fleet_fences_passed_total", "Times this node's fence passed: its lease was in doubt, and it admitted nothing on the fleet's limits until it was renewed.", &f.fences_passed),
             ("sluice_fleet_leases_replaced_total", "Times this node's lease was lost (expired) and it joined the fleet again under a new one.", &f.leases_replaced),
             ("sluice_fleet_shares_grown_total", "Growths of this node's shares of the fleet's limits, stored in etcd.", &f.shares_grown),
@@ -242,6 +244,7 @@ impl Metrics {
             ("sluice_fleet_keeper_rounds_failed_total", "Rounds of the share keeper that failed or were cut short (etcd did not answer).", &f.rounds_failed),
             ("sluice_fleet_catalog_apply_failures_total", "Changes of the fleet's catalog this node could not apply (it reads the catalog whole again and retries, backing off to 10 s; the log says why).", &f.catalog_failures),
             ("sluice_fleet_cancelled_at_fence_total", "Statements this node stopped because its fence passed ([cluster] cancel_at_fence).", &f.cancelled_at_fence),
+            ("sluice_fleet_ddl_refused_total", "DDL statements on this node that failed for etcd (KEEPER_EXCEPTION: unreachable, without quorum, or a change not applied in time).", &f.ddl_refused),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(

@@ -341,7 +341,17 @@ impl Shared {
             sluice_catalog::strict::refuse_extensions(stmt)?;
         }
         if let Some(fleet) = self.fleet_catalog.get() {
-            return self.apply_fleet_ddl(fleet, stmt).await;
+            let applied = self.apply_fleet_ddl(fleet, stmt).await;
+            if applied
+                .as_ref()
+                .is_err_and(|e| e.code == ErrorCode::KeeperException)
+            {
+                self.metrics
+                    .fleet
+                    .ddl_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            return applied;
         }
         let _serial = self.ddl.lock().await;
         let current = self.snapshot();
