@@ -706,6 +706,8 @@ impl Keeper {
                 *count = (*count).min(cap);
             }
         }
+        self.waited
+            .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
         for limit in limits {
             let key = (limit.kind, limit.workload.clone());
             match limit.kind {
@@ -729,8 +731,12 @@ impl Keeper {
                     if limit.binds {
                         self.waited.insert(key.clone(), now);
                     }
-                    let used = two_digits(rate);
-                    if used > 0 || self.waited.contains_key(&key) {
+                    // A node that wants more gets an equal level whatever it used (see
+                    // `divide`): its use, which moves on every round, is not published then,
+                    // or every node would write to etcd on every round while a rate binds.
+                    let wants_more = self.waited.contains_key(&key);
+                    let used = if wants_more { 0 } else { two_digits(rate) };
+                    if used > 0 || wants_more {
                         lines.insert(key, used);
                     }
                 }
@@ -755,8 +761,6 @@ impl Keeper {
                 .iter()
                 .any(|l| l.kind == LimitKind::Waiting && l.workload == *w)
         });
-        self.waited
-            .retain(|_, at| now.saturating_duration_since(*at) < QUIET_PUBLISH);
         lines
             .iter()
             .map(|((kind, w), n)| {
