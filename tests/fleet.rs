@@ -1500,3 +1500,38 @@ fn a_node_that_cannot_apply_a_change_keeps_serving_and_catches_up() {
         "0",
     );
 }
+
+/// A DDL statement larger than etcd takes in one request (1.5 MiB by default) is refused with
+/// an error that says so, stores nothing, and the node goes on serving and taking DDL.
+#[test]
+fn a_ddl_larger_than_etcd_takes_is_refused_clearly() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = Etcd::start(dir.path(), 1);
+    let (_n1, port) = start(dir.path(), &etcd, "n1", 5);
+    let name = "w".repeat(2 << 20);
+    let refused = runtime().block_on(async move {
+        let (client, connection) = tokio_postgres::connect(
+            &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("connects");
+        tokio::spawn(connection);
+        client
+            .simple_query(&format!("CREATE WORKLOAD {name}"))
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    });
+    let refused = refused.expect_err("2 MiB of DDL");
+    eprintln!("{}", &refused[..refused.len().min(600)]);
+    assert!(
+        refused.contains("too large for the fleet") && refused.contains("22023"),
+        "{}",
+        &refused[..refused.len().min(2000)]
+    );
+    says(port, "SELECT count(*) FROM system.workloads", "0");
+    run(port, "CREATE WORKLOAD small").expect("DDL after");
+    says(port, "SELECT count(*) FROM system.workloads", "1");
+}

@@ -46,6 +46,10 @@ fn commit_token(by: &str) -> String {
     format!("{by} {nanos} {}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The largest change (key and statement) the catalog stores: etcd's default request limit
+/// (1.5 MiB) less room for the rest of the transaction.
+pub const MAX_CHANGE_BYTES: usize = 1024 * 1024 + 256 * 1024;
+
 impl CatalogStore {
     pub(crate) fn new(client: Client, prefix: &str, endpoints: Vec<String>) -> CatalogStore {
         CatalogStore {
@@ -108,6 +112,27 @@ impl CatalogStore {
         validated_at: i64,
         by: &str,
     ) -> Result<Commit> {
+        // etcd takes at most 1.5 MiB in one request by default (`--max-request-bytes`), and its
+        // gRPC at most 2 MiB: a bigger change is refused here, whole and clearly (etcd's own
+        // refusal names neither the statement nor the way out).
+        let size = match change {
+            CatalogChange::Upsert {
+                kind,
+                name,
+                statement,
+            } => self.entity_key(kind, name).len() + statement.len(),
+            CatalogChange::Remove { kind, name } => self.entity_key(kind, name).len(),
+        };
+        if size > MAX_CHANGE_BYTES {
+            return Err(sluice_sql::Error::new(
+                sluice_sql::ErrorCode::BadArguments,
+                format!(
+                    "the statement is too large for the fleet's catalog: etcd stores it in one request of at most {} KiB (its --max-request-bytes is 1.5 MiB by default), and this change needs {} KiB; make it smaller (shorter names, fewer values)",
+                    MAX_CHANGE_BYTES / 1024,
+                    size.div_ceil(1024)
+                ),
+            ));
+        }
         let write = match change {
             CatalogChange::Upsert {
                 kind,
