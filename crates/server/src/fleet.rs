@@ -490,16 +490,19 @@ impl Keeper {
         // 1. This node's demand, published when it changed.
         let now = tokio::time::Instant::now();
         let text = self.demand(shared, resource, scheduler, &limits, now);
-        let waiting = &self.waited;
-        // While nobody in the fleet has a query waiting, shares bind no one: a change of
-        // demand is published at most every QUIET_PUBLISH (a busy node under a limit that
-        // does not bind would otherwise write to etcd on most of its queries). Once anyone
-        // waits, every change goes out at once: it is what moves shares to the waiting.
-        let urgent = !waiting.is_empty()
+        // While nobody in the fleet has a query waiting for slots or a queue's place, shares
+        // of them bind no one: a change of the counts is published at most every
+        // QUIET_PUBLISH (a busy node under a limit that does not bind would otherwise write
+        // to etcd on most of its queries). Once anyone waits for them, every change goes out
+        // at once: it is what moves those shares to the waiting. A rate's division reads only
+        // who wants more of it: a change of that goes out at once, the rest can wait.
+        let counts_matter = self.waited.keys().any(|(kind, _)| *kind != LimitKind::Rate)
             || fleet
                 .demand
                 .iter()
                 .any(|(node, text)| *node != this && someone_waits(text));
+        let urgent =
+            counts_matter || self.published.as_deref().map(wanting) != Some(wanting(&text));
         let quiet = self
             .published_at
             .is_none_or(|at| at.elapsed() >= QUIET_PUBLISH);
@@ -693,11 +696,17 @@ impl Keeper {
             .unwrap_or(0);
         let mut lines: BTreeMap<(LimitKind, String), i64> = BTreeMap::new();
         if cap > 0 {
+            // Queries wait for slots only while some limit of slots holds them back here (a
+            // full share with requests below it); queries held back by a rate, or by nothing
+            // yet, would otherwise flag every round and make every node publish at once.
+            let slots_bind = limits.iter().any(|l| l.kind == LimitKind::Slots && l.binds);
             for (workload, waiting) in scheduler.queue_lengths() {
                 *lines
                     .entry((LimitKind::Slots, workload.clone()))
                     .or_default() += waiting as i64;
-                self.waited.insert((LimitKind::Slots, workload), now);
+                if slots_bind {
+                    self.waited.insert((LimitKind::Slots, workload), now);
+                }
             }
             for (workload, running) in shared.metrics.in_flight(resource) {
                 *lines.entry((LimitKind::Slots, workload)).or_default() += running;
@@ -850,7 +859,19 @@ pub fn share_shown(key: &str, amount: i64) -> String {
     }
 }
 
-/// Whether a node's published demand says it has queries waiting.
+/// Whether a node's published demand says it has queries waiting for slots or a queue's
+/// place (a rate's waiters change no one's counts).
 fn someone_waits(text: &str) -> bool {
-    text.lines().any(|line| line.ends_with("\t1"))
+    parse_demand(text)
+        .iter()
+        .any(|((kind, _), (_, more))| *more && *kind != LimitKind::Rate)
+}
+
+/// The limits a node's published demand says it wants more of.
+fn wanting(text: &str) -> Vec<(LimitKind, String)> {
+    parse_demand(text)
+        .into_iter()
+        .filter(|(_, (_, more))| *more)
+        .map(|(limit, _)| limit)
+        .collect()
 }
