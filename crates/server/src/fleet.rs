@@ -9,11 +9,14 @@
 //! [`TICK`] or at once on a change of what the fleet published:
 //!
 //! 1. it publishes this node's demand (per leaf workload: queries waiting and running,
-//!    capped at the largest limit: beyond it more demand changes nothing; and whether any
-//!    waits) when it changed — at once while anyone in the fleet has queries waiting, at most
-//!    every [`QUIET_PUBLISH`] while nobody does;
-//! 2. it divides each limit over the live nodes by everyone's demand
-//!    (`sluice_sched::fleet::allot`: every node reaches the same division);
+//!    capped at the largest limit: beyond it more demand changes nothing, and whether a limit
+//!    of slots holds them back; per rate: its use, or that it wants more; per bounded queue:
+//!    the queries in it, and whether it is full) when it changed — at once while anyone in
+//!    the fleet waits for slots or a queue's place, or when what it wants more of changed; at
+//!    most every [`QUIET_PUBLISH`] otherwise;
+//! 2. it divides each limit over the live nodes by everyone's demand (slots:
+//!    `sluice_sched::fleet::allot`; rates and queues: `divide`; every node reaches the same
+//!    division);
 //! 3. a share above its target is lowered: first in the scheduler (nothing more is admitted
 //!    beyond the target), then in etcd, to no less than the queries it still has running;
 //!    a share below its target grows: first in etcd (a transaction within the limit), then
