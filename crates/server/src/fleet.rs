@@ -38,6 +38,7 @@ use sluice_cluster::{FleetView, LeaseState, ShareBook};
 use sluice_sched::fleet::{allot, divide, Demand};
 use sluice_sched::{LimitKind, LimitState};
 
+use crate::fleet_demand::{self, parse_demand, someone_waits, wanting, Published};
 use crate::state::Shared;
 
 /// How often the keeper looks at local demand when nothing else woke it.
@@ -91,10 +92,6 @@ pub async fn join_fleet(shared: &Arc<Shared>, address: &str) -> sluice_sql::Resu
     shared.registry.set_node_number(membership.number());
     // The learned lanes are the fleet's: read whole (this node's own added), then followed.
     share_lanes(shared, membership.map("lanes")).await?;
-    // The other nodes' requests (their views of the fleet, KILL and MOVE of statements here).
-    let requests = membership.requests();
-    let answers = crate::fleet_views::answers(Arc::downgrade(shared));
-    tokio::spawn(async move { requests.answer(answers).await });
     let book = membership.share_book();
     let alive = membership.alive();
     let _ = shared.fleet.set(membership);
@@ -776,8 +773,8 @@ impl Keeper {
         lines
             .iter()
             .map(|((kind, w), n)| {
-                let more = u8::from(self.waited.contains_key(&(*kind, w.clone())));
-                format!("{}\t{w}\t{n}\t{more}\n", kind.name())
+                let more = self.waited.contains_key(&(*kind, w.clone()));
+                fleet_demand::line(*kind, w, *n, more)
             })
             .collect()
     }
@@ -809,72 +806,4 @@ fn two_digits(x: f64) -> i64 {
     }
     let scale = 10f64.powi(x.log10().floor() as i32 - 1);
     ((x / scale).round() * scale) as i64
-}
-
-/// A node's demand as published, by limit: (count, wants more).
-type Published = BTreeMap<(LimitKind, String), (i64, bool)>;
-
-/// A node's published demand: `kind<TAB>workload<TAB>count<TAB>more` lines (`kind` a
-/// [`LimitKind::name`]; `more`: 1 when the node wants more of the limit — queries wait).
-fn parse_demand(text: &str) -> Published {
-    text.lines()
-        .filter_map(|line| {
-            let (kind, rest) = line.split_once('\t')?;
-            let kind = [LimitKind::Slots, LimitKind::Rate, LimitKind::Waiting]
-                .into_iter()
-                .find(|k| k.name() == kind)?;
-            let mut fields = rest.rsplitn(3, '\t');
-            let (more, count, workload) = (fields.next()?, fields.next()?, fields.next()?);
-            Some((
-                (kind, workload.to_string()),
-                (count.parse().ok()?, more == "1"),
-            ))
-        })
-        .collect()
-}
-
-/// A node's published demand as `system.nodes` shows it: `workload=count` for slots,
-/// `workload rate=x/s`, `workload waiting=n`, and ` (waiting)` when it wants more.
-pub fn demand_shown(text: &str) -> Vec<String> {
-    parse_demand(text)
-        .into_iter()
-        .map(|((kind, workload), (count, more))| {
-            let more = if more { " (waiting)" } else { "" };
-            format!("{}{more}", shown(kind.name(), &workload, count))
-        })
-        .collect()
-}
-
-/// One limit's amount as `system.nodes` shows it.
-fn shown(kind: &str, workload: &str, amount: i64) -> String {
-    match kind {
-        "rate" => format!("{workload} rate={}/s", amount as f64 / 1000.0),
-        "waiting" => format!("{workload} waiting={amount}"),
-        _ => format!("{workload}={amount}"),
-    }
-}
-
-/// A share as `system.nodes` shows it, from its limit's key in etcd.
-pub fn share_shown(key: &str, amount: i64) -> String {
-    match sluice_cluster::parse_limit_key(key) {
-        Some((kind, workload)) => shown(kind, &workload, amount),
-        None => format!("{key}={amount}"),
-    }
-}
-
-/// Whether a node's published demand says it has queries waiting for slots or a queue's
-/// place (a rate's waiters change no one's counts).
-fn someone_waits(text: &str) -> bool {
-    parse_demand(text)
-        .iter()
-        .any(|((kind, _), (_, more))| *more && *kind != LimitKind::Rate)
-}
-
-/// The limits a node's published demand says it wants more of.
-fn wanting(text: &str) -> Vec<(LimitKind, String)> {
-    parse_demand(text)
-        .into_iter()
-        .filter(|(_, (_, more))| *more)
-        .map(|(limit, _)| limit)
-        .collect()
 }

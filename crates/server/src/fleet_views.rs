@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sluice_engine::datafusion::arrow::record_batch::RecordBatch;
@@ -280,43 +279,23 @@ pub async fn ask_node(
     }
 }
 
-/// What this node answers the others' requests with: `table` (a system table, as an Arrow
-/// IPC stream), `kill` and `move` (statements of this node; see `operator`).
-pub fn answers(shared: Weak<Shared>) -> sluice_cluster::Handler {
-    Arc::new(move |what: String, body: Vec<u8>| {
-        let shared = shared.clone();
-        Box::pin(async move {
-            let shared = shared.upgrade().ok_or("the node is shutting down")?;
-            let body = String::from_utf8_lossy(&body).into_owned();
-            match what.as_str() {
-                "table" => {
-                    let batch = local_table(&shared, &body).map_err(|e| e.message)?;
-                    let mut bytes = Vec::new();
-                    {
-                        let mut writer =
-                            sluice_engine::datafusion::arrow::ipc::writer::StreamWriter::try_new(
-                                &mut bytes,
-                                &batch.schema(),
-                            )
-                            .map_err(|e| e.to_string())?;
-                        writer.write(&batch).map_err(|e| e.to_string())?;
-                        writer.finish().map_err(|e| e.to_string())?;
-                    }
-                    Ok(bytes)
-                }
-                "kill" | "move" => crate::operator::answer(&shared, &what, &body)
-                    .await
-                    .map(String::into_bytes)
-                    .map_err(|e| e.message),
-                other => Err(format!(
-                    "unknown request '{other}' (a node of another version?)"
-                )),
-            }
-        })
-            as std::pin::Pin<
-                Box<dyn std::future::Future<Output = std::result::Result<Vec<u8>, String>> + Send>,
-            >
-    })
+/// This node's system table `name` as an Arrow IPC stream: its answer to another node's
+/// `table` request.
+pub fn table_bytes(shared: &Shared, name: &str) -> Result<Vec<u8>> {
+    let batch = local_table(shared, name)?;
+    let ipc = |e: sluice_engine::datafusion::arrow::error::ArrowError| {
+        Error::new(ErrorCode::InternalError, e.to_string())
+    };
+    let mut bytes = Vec::new();
+    let mut writer = sluice_engine::datafusion::arrow::ipc::writer::StreamWriter::try_new(
+        &mut bytes,
+        &batch.schema(),
+    )
+    .map_err(ipc)?;
+    writer.write(&batch).map_err(ipc)?;
+    writer.finish().map_err(ipc)?;
+    drop(writer);
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -21,8 +21,9 @@
 //!   runs), [`lease`] (CPU slots' leases under `cpu_slot_preemption`), [`demotion`] (the soft
 //!   deadline's timer), [`disk_gate`] (where a statement's file IO waits), [`fleet`] (joining
 //!   a fleet, following its catalog, keeping this node's shares of the QUERY limits),
-//!   [`fleet_views`] (`clusterAllReplicas` over the system tables, and this node's answers
-//!   to the other nodes' requests): each reads the shared state.
+//!   [`fleet_views`] (`clusterAllReplicas` over the system tables; this node's tables for
+//!   the other nodes' requests, which `serve` answers), [`fleet_demand`] (the demand text a
+//!   node publishes, and how `system.nodes` shows it): each reads the shared state.
 //! - [`state`]: what connections share: engine, catalog snapshot + trees + schedulers, storage,
 //!   the registry of statements in flight; it assembles the parts below.
 //! - Below it, knowing nothing of `Shared`: [`registry`] (what is in flight: a statement's
@@ -59,6 +60,7 @@ pub mod disks;
 pub mod encode;
 pub mod error;
 pub mod fleet;
+pub mod fleet_demand;
 pub mod fleet_views;
 pub mod forward;
 pub mod frame;
@@ -161,6 +163,33 @@ async fn drain(shared: &Shared) {
 
 pub use fleet::join_fleet;
 
+/// What this node answers the other nodes of its fleet with (`sluice_cluster::Requests`):
+/// `table` (one of its system tables: `fleet_views`), `kill` and `move` (its statements:
+/// `operator`).
+fn fleet_answers(shared: std::sync::Weak<Shared>) -> sluice_cluster::Handler {
+    Arc::new(move |what: String, body: Vec<u8>| {
+        let shared = shared.clone();
+        Box::pin(async move {
+            let shared = shared.upgrade().ok_or("the node is shutting down")?;
+            let body = String::from_utf8_lossy(&body).into_owned();
+            match what.as_str() {
+                "table" => fleet_views::table_bytes(&shared, &body).map_err(|e| e.message),
+                "kill" | "move" => operator::answer(&shared, &what, &body)
+                    .await
+                    .map(String::into_bytes)
+                    .map_err(|e| e.message),
+                other => Err(format!(
+                    "unknown request '{other}' (a node of another version?)"
+                )),
+            }
+        }) as FleetAnswer
+    })
+}
+
+/// One answer of [`fleet_answers`], on its way.
+type FleetAnswer =
+    std::pin::Pin<Box<dyn Future<Output = std::result::Result<Vec<u8>, String>> + Send>>;
+
 /// Serves clients from `listener` until `shutdown` completes, then drains (see [`drain`]).
 pub async fn serve(
     listener: TcpListener,
@@ -184,6 +213,11 @@ pub async fn serve(
         join_fleet(&shared, &address)
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+    }
+    if let Some(fleet) = shared.fleet.get() {
+        let requests = fleet.requests();
+        let answers = fleet_answers(Arc::downgrade(&shared));
+        tokio::spawn(async move { requests.answer(answers).await });
     }
     if let Some(upstream) = &shared.upstream {
         upstream.probe().await;

@@ -370,7 +370,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                             view.shares
                                 .iter()
                                 .filter_map(|(key, by)| {
-                                    Some(crate::fleet::share_shown(key, *by.get(&n.name)?))
+                                    Some(crate::fleet_demand::share_shown(key, *by.get(&n.name)?))
                                 })
                                 .collect::<Vec<_>>()
                         })
@@ -385,7 +385,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                         .map(|n| {
                             view.demand
                                 .get(&n.name)
-                                .map(|text| crate::fleet::demand_shown(text))
+                                .map(|text| crate::fleet_demand::demand_shown(text))
                                 .unwrap_or_default()
                         })
                         .collect(),
