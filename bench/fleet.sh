@@ -140,6 +140,19 @@ for mode in simple extended; do
 done
 fi
 
+# on_every_node WORKLOAD NAME: 16 pgbench clients on each fleet node in WORKLOAD for the run's
+# seconds, side by side; each node's output in $work/NAME<port>.out.
+on_every_node() {
+  local workload=$1 name=$2 clients=()
+  rm -f "$work/$name"*.out
+  for port in 6571 6572 6573; do
+    (cd "$work" && PGOPTIONS="-c workload=$workload" pgbench -n -c 16 -j 4 -T "$seconds" \
+      -f select1.sql -h 127.0.0.1 -p "$port" -U bench postgres >"$work/$name$port.out" 2>&1) &
+    clients+=($!)
+  done
+  wait "${clients[@]}"
+}
+
 if section 2; then
 echo
 echo "etcd's traffic (messages received by its three members, per second)"
@@ -148,12 +161,7 @@ before=$(etcd_messages)
 sleep "$seconds"
 idle=$(( ($(etcd_messages) - before) / seconds ))
 before=$(etcd_messages)
-for port in 6571 6572 6573; do
-  (cd "$work" && PGOPTIONS="-c workload=tight" pgbench -n -c 16 -j 4 -T "$seconds" \
-    -f select1.sql -h 127.0.0.1 -p "$port" -U bench postgres >"$work/busy$port.out" 2>&1) &
-done
-wait_busy() { while pgrep -f "pgbench -n -c 16 -j 4" >/dev/null; do sleep 0.2; done; }
-wait_busy
+on_every_node tight busy
 busy=$(( ($(etcd_messages) - before) / seconds ))
 busy_tps=$(awk '/^tps = / {s += $3} END {printf "%.0f", s}' "$work"/busy*.out)
 echo "| fleet | etcd messages/s |"
@@ -167,13 +175,7 @@ echo
 echo "a rate across the fleet: max_queries_per_second = 1000 (burst 100), 3 nodes × 16 clients, ${seconds} s"
 echo
 before=$(etcd_messages)
-rm -f "$work"/rated*.out
-for port in 6571 6572 6573; do
-  (cd "$work" && PGOPTIONS="-c workload=rated" pgbench -n -c 16 -j 4 -T "$seconds" \
-    -f select1.sql -h 127.0.0.1 -p "$port" -U bench postgres >"$work/rated$port.out" 2>&1) &
-done
-wait_rated() { while pgrep -f "pgbench -n -c 16 -j 4" >/dev/null; do sleep 0.2; done; }
-wait_rated
+on_every_node rated rated
 rated=$(( ($(etcd_messages) - before) / seconds ))
 echo "| node | TPS |"
 echo "|---|---|"

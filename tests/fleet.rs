@@ -498,6 +498,18 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
     );
 }
 
+/// A client of the node at `port`, its connection driven in the background.
+async fn connect(port: u16) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connects");
+    tokio::spawn(connection);
+    client
+}
+
 /// Runs `clients` clients spread over `ports` until `deadline`, each `SELECT pg_sleep(0.02)`
 /// in workload `all` in a loop; a client whose node goes away (or whose query is not answered
 /// within 2 s of the deadline) stops. The answers, and the errors.
@@ -1039,13 +1051,7 @@ async fn persistent_clients_until(
     let mut tasks = Vec::new();
     for port in ports {
         tasks.push(tokio::spawn(async move {
-            let (client, connection) = tokio_postgres::connect(
-                &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
-                tokio_postgres::NoTls,
-            )
-            .await
-            .expect("connects");
-            tokio::spawn(connection);
+            let client = connect(port).await;
             let (mut answered, mut refused) = (0, 0);
             while tokio::time::Instant::now() < deadline {
                 let sql = format!("SELECT pg_sleep({pause}) SETTINGS workload = '{workload}'");
@@ -1240,13 +1246,7 @@ fn the_fleet_is_seen_and_acted_on_as_one() {
     // A long statement on each node.
     let long = |port: u16| {
         runtime.spawn(async move {
-            let (client, connection) = tokio_postgres::connect(
-                &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
-                tokio_postgres::NoTls,
-            )
-            .await
-            .expect("connects");
-            tokio::spawn(connection);
+            let client = connect(port).await;
             client
                 .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'a'")
                 .await
@@ -1396,13 +1396,7 @@ fn cancel_at_fence_stops_what_runs_when_the_lease_is_in_doubt() {
     .expect("ddl");
     let runtime = runtime();
     let long = runtime.spawn(async move {
-        let (client, connection) = tokio_postgres::connect(
-            &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
-            tokio_postgres::NoTls,
-        )
-        .await
-        .expect("connects");
-        tokio::spawn(connection);
+        let client = connect(port).await;
         let began = Instant::now();
         let answer = client
             .simple_query("SELECT pg_sleep(30) SETTINGS workload = 'all'")
@@ -1511,13 +1505,7 @@ fn a_ddl_larger_than_etcd_takes_is_refused_clearly() {
     let (_n1, port) = start(dir.path(), &etcd, "n1", 5);
     let name = "w".repeat(2 << 20);
     let refused = runtime().block_on(async move {
-        let (client, connection) = tokio_postgres::connect(
-            &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
-            tokio_postgres::NoTls,
-        )
-        .await
-        .expect("connects");
-        tokio::spawn(connection);
+        let client = connect(port).await;
         client
             .simple_query(&format!("CREATE WORKLOAD {name}"))
             .await

@@ -44,6 +44,28 @@ impl std::fmt::Debug for Requests {
     }
 }
 
+/// Deletes a request's keys when dropped (in a task: a drop cannot wait).
+struct Cleanup {
+    client: Client,
+    /// The request's key and its answers' prefix.
+    keys: [String; 2],
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let mut client = self.client.clone();
+        let [ask, answers] = std::mem::take(&mut self.keys);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = client.delete(ask, None).await;
+                let _ = client
+                    .delete(answers, Some(DeleteOptions::new().with_prefix()))
+                    .await;
+            });
+        }
+    }
+}
+
 impl Requests {
     pub(crate) fn new(client: Client, prefix: &str, node: &str, endpoints: Vec<String>) -> Self {
         Requests {
@@ -89,6 +111,12 @@ impl Requests {
             .await
             .map_err(|e| etcd_error("cannot ask the fleet's nodes", &self.endpoints, e))?;
         let from = asked.header().map_or(0, |h| h.revision());
+        // Deleted however this ends, the asker's statement dropped midway (its client gone)
+        // included: the keys live under this node's lease, which outlives the question.
+        let _cleanup = Cleanup {
+            client: client.clone(),
+            keys: [ask_key.clone(), answers.clone()],
+        };
         let deadline = tokio::time::Instant::now() + wait;
         let collected = async {
             let mut stream = client
@@ -129,11 +157,6 @@ impl Requests {
             Ok::<_, etcd_client::Error>(())
         };
         let ended = tokio::time::timeout_at(deadline, collected).await;
-        // Gone either way (their lease would take them when this node goes).
-        let _ = client.delete(ask_key.as_str(), None).await;
-        let _ = client
-            .delete(answers.as_str(), Some(DeleteOptions::new().with_prefix()))
-            .await;
         if let Ok(Err(e)) = ended {
             return Err(etcd_error(
                 "cannot read the fleet's answers",

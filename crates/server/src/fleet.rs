@@ -122,6 +122,34 @@ fn parse_lane(value: &str) -> Option<(String, bool)> {
     Some((lane.to_string(), how == "pinned"))
 }
 
+/// The fleet's lanes as etcd stores them, by fingerprint.
+fn fleet_lanes(stored: &[(String, String)]) -> BTreeMap<String, (String, bool)> {
+    stored
+        .iter()
+        .filter_map(|(id, value)| Some((id.clone(), parse_lane(value)?)))
+        .collect()
+}
+
+/// Takes the fleet's lanes; with `exactly`, forgets the lanes here that the fleet lacks (it
+/// forgot them while this node was not following).
+fn adopt_lanes(
+    shared: &Shared,
+    fleet: BTreeMap<String, (String, bool)>,
+    exactly: bool,
+) -> sluice_sql::Result<()> {
+    if exactly {
+        for (id, _, _) in shared.lanes.lanes() {
+            if !fleet.contains_key(&id) {
+                shared.lanes.adopt(&id, None)?;
+            }
+        }
+    }
+    for (id, lane) in fleet {
+        shared.lanes.adopt(&id, Some(lane))?;
+    }
+    Ok(())
+}
+
 /// Makes the learned lanes the fleet's (`PREFIX/lanes/FINGERPRINT`): the fleet's are adopted,
 /// this node's that the fleet lacks are added to it; from then on this node's changes go to
 /// etcd and the others' come back by watch.
@@ -130,18 +158,13 @@ async fn share_lanes(
     map: sluice_cluster::SharedMap,
 ) -> sluice_sql::Result<()> {
     let (stored, revision) = map.load().await?;
-    let fleet: BTreeMap<String, (String, bool)> = stored
-        .iter()
-        .filter_map(|(id, value)| Some((id.clone(), parse_lane(value)?)))
-        .collect();
+    let fleet = fleet_lanes(&stored);
     for (id, lane, pinned) in shared.lanes.lanes() {
         if !fleet.contains_key(&id) {
             map.put(&id, &lane_value(&lane, pinned)).await?;
         }
     }
-    for (id, lane) in fleet {
-        shared.lanes.adopt(&id, Some(lane))?;
-    }
+    adopt_lanes(shared, fleet, false)?;
     // This node's changes, in order.
     if let Some(mut changes) = shared.lanes.changes() {
         let map = map.clone();
@@ -184,17 +207,8 @@ async fn share_lanes(
             let Some(node) = shared.upgrade() else { return };
             match map.load().await {
                 Ok((stored, revision)) => {
-                    let fleet: BTreeMap<String, (String, bool)> = stored
-                        .iter()
-                        .filter_map(|(id, value)| Some((id.clone(), parse_lane(value)?)))
-                        .collect();
-                    for (id, _, _) in node.lanes.lanes() {
-                        if !fleet.contains_key(&id) {
-                            let _ = node.lanes.adopt(&id, None);
-                        }
-                    }
-                    for (id, lane) in fleet {
-                        let _ = node.lanes.adopt(&id, Some(lane));
+                    if let Err(e) = adopt_lanes(&node, fleet_lanes(&stored), true) {
+                        tracing::warn!("the fleet's lanes not kept here: {e}");
                     }
                     from = revision;
                 }

@@ -78,11 +78,10 @@ fn calls(text: &str) -> Result<Vec<Call>> {
                 "clusterAllReplicas takes a cluster and a system table: clusterAllReplicas('default', system.processes)",
             )
         };
-        let Some(open) = tokens.get(i + 1).filter(|t| word(t) == "(") else {
+        if tokens.get(i + 1).is_none_or(|t| word(t) != "(") {
             i += 1;
             continue;
-        };
-        let _ = open;
+        }
         // Up to the closing parenthesis: the arguments' tokens, split at commas.
         let mut args: Vec<Vec<&(TokenKind, Range<usize>)>> = vec![Vec::new()];
         let mut j = i + 2;
@@ -179,8 +178,9 @@ pub async fn prepare<'a>(shared: &Shared, text: &'a str) -> Result<Cow<'a, str>>
             tables.push(&call.table);
         }
     }
-    for table in tables {
-        let batch = gather(shared, table).await?;
+    let locals = local_tables(shared, &tables)?;
+    for (table, local) in tables.into_iter().zip(locals) {
+        let batch = gather(shared, table, local).await?;
         shared.engine.publish_table(SCHEMA, table, batch)?;
     }
     let mut out = String::with_capacity(text.len());
@@ -194,26 +194,32 @@ pub async fn prepare<'a>(shared: &Shared, text: &'a str) -> Result<Cow<'a, str>>
     Ok(Cow::Owned(out))
 }
 
-/// This node's system table `name`, as of now.
-fn local_table(shared: &Shared, name: &str) -> Result<RecordBatch> {
-    let mut found = None;
+/// This node's system tables `names`, as of now (built once for all of them).
+fn local_tables(shared: &Shared, names: &[&str]) -> Result<Vec<RecordBatch>> {
+    let mut found: Vec<Option<RecordBatch>> = vec![None; names.len()];
     crate::system::tables(shared, &mut |table, batch| {
-        if table == name {
-            found = Some(batch);
+        if let Some(i) = names.iter().position(|n| *n == table) {
+            found[i] = Some(batch);
         }
         Ok(())
     })?;
-    found.ok_or_else(|| {
-        Error::new(
-            ErrorCode::UnknownTable,
-            format!("Table system.{name} does not exist (SELECT name FROM information_schema.tables WHERE table_schema = 'system' lists them)"),
-        )
-    })
+    names
+        .iter()
+        .zip(found)
+        .map(|(name, batch)| {
+            batch.ok_or_else(|| {
+                Error::new(
+                    ErrorCode::UnknownTable,
+                    format!("Table system.{name} does not exist (SELECT name FROM information_schema.tables WHERE table_schema = 'system' lists them)"),
+                )
+            })
+        })
+        .collect()
 }
 
-/// System table `name` of every live node of the fleet: this node's rows, then the others'.
-pub async fn gather(shared: &Shared, name: &str) -> Result<RecordBatch> {
-    let local = local_table(shared, name)?;
+/// System table `name` of every live node of the fleet: this node's rows (`local`), then the
+/// others'.
+pub async fn gather(shared: &Shared, name: &str, local: RecordBatch) -> Result<RecordBatch> {
     let Some(fleet) = shared.fleet.get() else {
         return Ok(local);
     };
@@ -282,7 +288,7 @@ pub async fn ask_node(
 /// This node's system table `name` as an Arrow IPC stream: its answer to another node's
 /// `table` request.
 pub fn table_bytes(shared: &Shared, name: &str) -> Result<Vec<u8>> {
-    let batch = local_table(shared, name)?;
+    let batch = local_tables(shared, &[name])?.remove(0);
     let ipc = |e: sluice_engine::datafusion::arrow::error::ArrowError| {
         Error::new(ErrorCode::InternalError, e.to_string())
     };

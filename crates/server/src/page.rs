@@ -67,8 +67,12 @@ pub async fn state_json(shared: &Shared) -> String {
     string(shared.node_name(), &mut out);
     let in_fleet = shared.fleet.get().is_some();
     let mut errors = Vec::new();
+    // In a fleet, this node's rows of the fleet's tables, to which the others' are added.
+    let mut local = Vec::new();
     let result = crate::system::tables(shared, &mut |name, batch| {
-        if TABLES.contains(&name) && !(in_fleet && FLEET_TABLES.contains(&name)) {
+        if in_fleet && FLEET_TABLES.contains(&name) {
+            local.push((name.to_string(), batch));
+        } else if TABLES.contains(&name) {
             let _ = write!(out, ",\"{name}\":");
             rows_json(&batch, &mut out);
         }
@@ -77,15 +81,13 @@ pub async fn state_json(shared: &Shared) -> String {
     if let Err(e) = result {
         errors.push(e.message);
     }
-    if in_fleet {
-        for name in FLEET_TABLES {
-            match crate::fleet_views::gather(shared, name).await {
-                Ok(batch) => {
-                    let _ = write!(out, ",\"{name}\":");
-                    rows_json(&batch, &mut out);
-                }
-                Err(e) => errors.push(e.message),
+    for (name, batch) in local {
+        match crate::fleet_views::gather(shared, &name, batch).await {
+            Ok(batch) => {
+                let _ = write!(out, ",\"{name}\":");
+                rows_json(&batch, &mut out);
             }
+            Err(e) => errors.push(e.message),
         }
     }
     if !errors.is_empty() {
