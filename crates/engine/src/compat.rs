@@ -7,6 +7,77 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
+/// The most expressions a statement may have (ClickHouse's `max_ast_elements`, at its
+/// default). Planning costs more than the statement's size: a select list of a million items
+/// (2 MB of text) took gigabytes and minutes of an engine thread, which nothing can stop once
+/// it started (no cancel reaches planning).
+pub(crate) const MAX_AST_ELEMENTS: usize = 50_000;
+
+/// The widest select list, PostgreSQL's (`MaxTupleAttributeNumber`): planning a projection
+/// costs the square of its width (20,000 items: 4.6 s).
+pub(crate) const MAX_SELECT_ITEMS: usize = 1664;
+
+/// Refuses, before it is planned, a statement past [`MAX_AST_ELEMENTS`] expressions or with a
+/// select list wider than [`MAX_SELECT_ITEMS`] (TOO_BIG_AST, SQLSTATE 54001). Counting stops
+/// at the limit, so a huge statement costs no more than a big one.
+pub(crate) fn check_size(statement: &datafusion::sql::parser::Statement) -> sluice_sql::Result<()> {
+    use datafusion::sql::parser::{CopyToSource, Statement};
+    match statement {
+        Statement::Statement(inner) => check_node(inner.as_ref()),
+        Statement::CopyTo(copy) => match &copy.source {
+            CopyToSource::Query(query) => check_node(query.as_ref()),
+            CopyToSource::Relation(_) => Ok(()),
+        },
+        Statement::Explain(explain) => check_size(&explain.statement),
+        _ => Ok(()),
+    }
+}
+
+fn check_node<N: datafusion::sql::sqlparser::ast::Visit>(node: &N) -> sluice_sql::Result<()> {
+    use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visitor};
+    use sluice_sql::{Error, ErrorCode};
+    use std::ops::ControlFlow;
+    fn widest(body: &SetExpr) -> usize {
+        match body {
+            SetExpr::Select(select) => select.projection.len(),
+            SetExpr::SetOperation { left, right, .. } => widest(left).max(widest(right)),
+            _ => 0,
+        }
+    }
+    struct Size {
+        expressions: usize,
+    }
+    impl Visitor for Size {
+        type Break = Error;
+        fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<Error> {
+            self.expressions += 1;
+            if self.expressions > MAX_AST_ELEMENTS {
+                return ControlFlow::Break(Error::new(
+                    ErrorCode::TooBigAst,
+                    format!(
+                        "AST is too big. Maximum: {MAX_AST_ELEMENTS} expressions; split the statement, or put long lists of values in a table"
+                    ),
+                ));
+            }
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Error> {
+            let width = widest(&query.body);
+            if width > MAX_SELECT_ITEMS {
+                return ControlFlow::Break(Error::new(
+                    ErrorCode::TooBigAst,
+                    format!("target lists can have at most {MAX_SELECT_ITEMS} entries (this one has {width})"),
+                ));
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    match node.visit(&mut Size { expressions: 0 }) {
+        ControlFlow::Break(e) => Err(e),
+        ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
 /// `generate_series` as Postgres has it, where DataFusion differs: in a select list it is a
 /// set-returning function (one row per value; DataFusion's returns one list), so it is
 /// unnested there; in `FROM` its column is named after the function or the table alias

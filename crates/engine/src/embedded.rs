@@ -804,6 +804,7 @@ async fn plan(
 ) -> Result<(LogicalPlan, Option<Vec<Option<String>>>)> {
     let dialect = state.config().options().sql_parser.dialect;
     let mut statement = state.sql_to_statement(sql, &dialect).map_err(df)?;
+    crate::compat::check_size(&statement)?;
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
         postgres_series(inner);
     }

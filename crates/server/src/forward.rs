@@ -234,6 +234,11 @@ impl std::fmt::Debug for Forwarder {
 /// Extended-protocol messages held at most before they are sent without waiting for Sync.
 const MAX_PENDING: usize = 256;
 
+/// How long a stopped statement (cancelled, killed, out of time, its client gone) waits for
+/// the upstream's answer after the upstream was asked to stop, before its connection is
+/// closed and what it held let go.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The client's socket, as the connection loop has it.
 pub type Socket<S, T> = Framed<Corked<S>, PgWireMessageServerCodec<T>>;
 
@@ -387,6 +392,12 @@ impl Forwarder {
         }
     }
 
+    /// After an error in an extended-protocol batch: every message up to the next Sync is
+    /// discarded, as PostgreSQL discards them.
+    pub fn skips_to_sync(&self) -> bool {
+        self.failed != Failed::No
+    }
+
     /// Whether forwarded messages wait for a Sync or a Flush that has not come.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -445,6 +456,20 @@ impl Forwarder {
         S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
         T: Clone + Send + Sync + 'static,
     {
+        if self.skips_to_sync() && !matches!(step, Step::Sync) {
+            // Discarded, as the upstream discards it (a Query sent now would never be
+            // answered, and its statement would hold its slot for good); a Parse discarded
+            // defines nothing.
+            if let Step::Parse {
+                name,
+                existing: None,
+                ..
+            } = &step
+            {
+                self.statements.remove(name);
+            }
+            return Ok(());
+        }
         match step {
             Step::Query { text, pieces, raw } => {
                 self.simple_query(text, pieces, raw, socket, connection)

@@ -206,6 +206,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                     }
                     crate::forward::RoutedRaw::Local(mut frame) => {
                         forwarder.settle(&mut socket, &**connection).await?;
+                        if forwarder.skips_to_sync() {
+                            continue;
+                        }
                         match socket.codec_mut().decode(&mut frame) {
                             Ok(Some(message)) => message,
                             _ => break,
@@ -225,6 +228,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                     }
                     crate::forward::Routed::Local(message) => {
                         forwarder.settle(&mut socket, &**connection).await?;
+                        if forwarder.skips_to_sync() {
+                            continue;
+                        }
                         message
                     }
                 }

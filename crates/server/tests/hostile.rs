@@ -204,6 +204,54 @@ async fn deep_expressions_get_an_error_and_the_server_stays_up() {
     server.stop().await;
 }
 
+/// Found by the wire fuzzer (tests/wire_fuzz): an 8 MB `SELECT 1,1,1,…` (4 million items)
+/// kept an engine thread planning for good, its memory growing past 7 GB, and no cancel
+/// reached it. Statements past ClickHouse's `max_ast_elements` and select lists wider than
+/// PostgreSQL's are refused before they are planned.
+#[tokio::test]
+async fn statements_too_big_to_plan_are_refused_before_planning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    let huge_list = format!("SELECT 1{}", ",1".repeat(4 << 20));
+    let wide = format!("SELECT 1{}", ",1".repeat(1664));
+    let long_in = format!("SELECT 1 WHERE 1 IN (1{})", ",1".repeat(60_000));
+    let copy = format!(
+        "COPY (SELECT 1 WHERE 1 IN (1{})) TO STDOUT",
+        ",1".repeat(60_000)
+    );
+    for (sql, says) in [
+        (
+            &wide,
+            "target lists can have at most 1664 entries (this one has 1665)",
+        ),
+        (&long_in, "AST is too big. Maximum: 50000 expressions"),
+        (&copy, "AST is too big. Maximum: 50000 expressions"),
+        (&huge_list, "target lists can have at most 1664 entries"),
+    ] {
+        let began = Instant::now();
+        let e = client.simple_query(sql).await.expect_err("too big");
+        assert_eq!(sqlstate(&e), "54001", "{}", message(&e));
+        assert!(message(&e).contains(says), "{}", message(&e));
+        assert!(message(&e).ends_with("(TOO_BIG_AST)"), "{}", message(&e));
+        eprintln!("{} bytes refused in {:?}", sql.len(), began.elapsed());
+    }
+    // Within the limits: planned and run.
+    let widest = format!("SELECT 1{}", ",1".repeat(1663));
+    let rows = client.simple_query(&widest).await.expect("1664 columns");
+    let row = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.len()),
+        _ => None,
+    });
+    assert_eq!(row, Some(1664));
+    let in_list = format!(
+        "SELECT count(*) FROM (SELECT 1) AS t(x) WHERE x IN (1{})",
+        ",2".repeat(20_000)
+    );
+    assert_eq!(column(&client, &in_list).await, ["1"]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_huge_parameter_that_does_not_convert_is_refused_without_its_echo() {
     let dir = tempfile::tempdir().expect("tempdir");

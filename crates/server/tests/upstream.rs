@@ -961,6 +961,122 @@ async fn a_pipeline_without_sync_is_answered_in_order_and_held_bounded() {
     assert_eq!(tags.iter().filter(|t| **t == b'Z').count(), 1);
 }
 
+/// Found by the wire fuzzer (tests/wire_fuzz): after an error in an extended-protocol batch
+/// without Sync, PostgreSQL discards every message up to Sync — a simple Query too. sluice
+/// admitted that Query and sent it upstream, which never answered it: its slot stayed held
+/// for good, even after the client left.
+#[tokio::test]
+async fn after_an_unsynced_error_everything_up_to_sync_is_discarded() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(PoolMode::Session, 2).await;
+    let admin = s.through().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
+        )
+        .await
+        .expect("tree");
+    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    let mut socket = raw_client(s.server.port).await;
+    // An Execute of a portal nobody bound, no Sync: PostgreSQL's error comes at once.
+    let mut execute = b"\0".to_vec();
+    execute.extend_from_slice(&0u32.to_be_bytes());
+    socket
+        .write_all(&message(b'E', &execute))
+        .await
+        .expect("execute");
+    let (tag, body) = tokio::time::timeout(Duration::from_secs(30), read_message(&mut socket))
+        .await
+        .expect("the error comes without a Sync");
+    assert_eq!(tag, b'E', "{}", String::from_utf8_lossy(&body));
+    // A Query now is discarded (no answer, no admission), as going direct.
+    socket
+        .write_all(&message(b'Q', b"SELECT 1 SETTINGS workload = 'all'\0"))
+        .await
+        .expect("query");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(column(&admin, held).await, ["0"]);
+    // The Sync ends the skipping: its ReadyForQuery alone; then statements run as before.
+    socket.write_all(&message(b'S', b"")).await.expect("sync");
+    let ready = tokio::time::timeout(Duration::from_secs(30), tags_until_ready(&mut socket));
+    assert_eq!(ready.await.expect("the Sync is answered"), "Z");
+    socket
+        .write_all(&message(b'Q', b"SELECT 2 SETTINGS workload = 'all'\0"))
+        .await
+        .expect("query");
+    assert_eq!(tags_until_ready(&mut socket).await, "TDCZ");
+    assert_eq!(column(&admin, held).await, ["0"]);
+}
+
+/// A stopped statement (here killed) whose upstream does not answer the cancel — its backend
+/// frozen with SIGSTOP — is let go after a grace: the client gets an error saying so, the
+/// slot is freed, the connection is closed and never lent again.
+#[tokio::test]
+async fn a_stopped_statement_whose_upstream_does_not_answer_is_let_go() {
+    let s = setup(PoolMode::Session, 2).await;
+    let admin = s.through().await;
+    admin
+        .batch_execute(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
+        )
+        .await
+        .expect("tree");
+    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    let victim = s.through().await;
+    let killed = tokio::spawn(async move {
+        victim
+            .simple_query("SELECT pg_sleep(63) SETTINGS workload = 'all'")
+            .await
+    });
+    support::until(&admin, held, "1").await;
+    let direct = s.direct().await;
+    let backend = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(63)%'";
+    let pid = loop {
+        if let Some(pid) = column(&direct, backend).await.pop() {
+            break pid;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    /// Thaws the backend however the test ends.
+    struct Frozen(String);
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &self.0])
+                .status();
+        }
+    }
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+    let _frozen = Frozen(pid);
+    admin
+        .batch_execute("KILL QUERY WHERE query LIKE '%pg_sleep(63)%'")
+        .await
+        .expect("kill");
+    let e = tokio::time::timeout(Duration::from_secs(30), killed)
+        .await
+        .expect("let go within the grace, not when the upstream answers")
+        .expect("joined")
+        .expect_err("killed");
+    let db = e.as_db_error().expect("an error from sluice");
+    assert_eq!(db.code().code(), "08006");
+    assert!(
+        db.message().contains("did not answer within"),
+        "{}",
+        db.message()
+    );
+    assert_eq!(column(&admin, held).await, ["0"]);
+    // The next statement gets a connection that works.
+    let next = s.through().await;
+    assert_eq!(
+        column(&next, "SELECT 7 SETTINGS workload = 'all'").await,
+        ["7"]
+    );
+}
+
 /// Reads messages up to ReadyForQuery; returns their type bytes.
 async fn tags_until_ready(socket: &mut tokio::net::TcpStream) -> String {
     messages_until_ready(socket)

@@ -37,6 +37,9 @@ pub enum ErrorCode {
     NotImplemented,
     /// A statement nested deeper than sluice plans (ClickHouse's `max_ast_depth`).
     TooDeepAst,
+    /// A statement with more expressions than the embedded engine plans (ClickHouse's
+    /// `max_ast_elements`), or a select list wider than PostgreSQL's.
+    TooBigAst,
     /// Division by zero in a query.
     IllegalDivision,
     /// A value that does not fit the type it is cast or written to.
@@ -91,6 +94,7 @@ impl ErrorCode {
             ErrorCode::UnknownIdentifier => "UNKNOWN_IDENTIFIER",
             ErrorCode::NotImplemented => "NOT_IMPLEMENTED",
             ErrorCode::TooDeepAst => "TOO_DEEP_AST",
+            ErrorCode::TooBigAst => "TOO_BIG_AST",
             ErrorCode::IllegalDivision => "ILLEGAL_DIVISION",
             ErrorCode::CannotConvertType => "CANNOT_CONVERT_TYPE",
             ErrorCode::Aborted => "ABORTED",
@@ -132,6 +136,7 @@ impl ErrorCode {
             ErrorCode::UnknownIdentifier => 47,
             ErrorCode::NotImplemented => 48,
             ErrorCode::TooDeepAst => 167,
+            ErrorCode::TooBigAst => 168,
             ErrorCode::IllegalDivision => 153,
             ErrorCode::CannotConvertType => 70,
             ErrorCode::Aborted => 236,
@@ -152,7 +157,8 @@ impl ErrorCode {
             ErrorCode::UnknownTable => "42P01",
             ErrorCode::UnknownIdentifier => "42703",
             ErrorCode::NotImplemented => "0A000",
-            ErrorCode::TooDeepAst => "54001",
+            // statement_too_complex, PostgreSQL's for a statement past its limits.
+            ErrorCode::TooDeepAst | ErrorCode::TooBigAst => "54001",
             ErrorCode::IllegalDivision => "22012",
             ErrorCode::CannotConvertType => "22P02",
             ErrorCode::Aborted => "57P01",

@@ -151,10 +151,34 @@ impl Forwarder {
                     }
                     continue;
                 }
-                (None, None) => match lent.read_more().await {
-                    Ok(()) => continue,
-                    Err(e) => Err(e),
-                },
+                (None, None) => {
+                    // Asked to stop: the answer is waited for a while, not for ever. An
+                    // upstream that ignores the cancel (one skipping to a Sync that never
+                    // comes, one that hangs) would keep the statement's slot held for good.
+                    let waited = match self.running.as_ref().and_then(|r| r.stopped.as_ref()) {
+                        Some(_) => tokio::time::timeout(STOP_GRACE, lent.read_more()).await,
+                        None => Ok(lent.read_more().await),
+                    };
+                    match waited {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => {
+                            let stopped = self
+                                .running
+                                .as_ref()
+                                .and_then(|r| r.stopped.clone())
+                                .map_or_else(String::new, |e| format!("{}: ", e.message));
+                            let e = Error::new(
+                                sluice_sql::ErrorCode::AllConnectionTriesFailed,
+                                format!(
+                                    "{stopped}the upstream did not answer within {} s of being asked to stop; its connection was closed",
+                                    STOP_GRACE.as_secs()
+                                ),
+                            );
+                            return self.lost(socket, e, readies > 0).await;
+                        }
+                    }
+                }
             };
             let frame = match frame {
                 Ok(frame) => frame,
