@@ -37,15 +37,17 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
     // Ready when it says it listens (bounded).
     let started = Instant::now();
     let mut lines = BufReader::new(stderr).lines();
+    let mut said = Vec::new();
     loop {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "sluice did not start"
+            "sluice did not start:\n{}",
+            said.join("\n")
         );
         match lines.next() {
             Some(Ok(line)) if line.contains("listening on") => break,
-            Some(Ok(_)) => continue,
-            _ => panic!("sluice exited before listening"),
+            Some(Ok(line)) => said.push(line),
+            _ => panic!("sluice exited before listening:\n{}", said.join("\n")),
         }
     }
     // Keep reading so the server never blocks on a full pipe.
