@@ -124,6 +124,21 @@ pub const SSL_REQUEST: i32 = 80877103;
 pub const GSSENC_REQUEST: i32 = 80877104;
 pub const CANCEL_REQUEST: i32 = 80877102;
 
+/// How many SSLRequests and GSSENCRequests `bytes` hold (their answer is one byte, not a
+/// message), wherever a mutation put them.
+pub fn single_byte_requests(bytes: &[u8]) -> usize {
+    [SSL_REQUEST, GSSENC_REQUEST]
+        .iter()
+        .map(|code| {
+            let request = untagged(*code, &[]);
+            bytes
+                .windows(8)
+                .filter(|w| *w == request.as_slice())
+                .count()
+        })
+        .sum()
+}
+
 impl Step {
     /// The bytes this step writes, for the steps that are plain messages (None for the ones
     /// the runner carries out: SCRAM, cancel, await, sleep).

@@ -21,7 +21,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::case::{untagged, CancelTarget, Case, Ending, ScramSpoil, Step, CANCEL_REQUEST};
+use crate::case::{
+    single_byte_requests, untagged, CancelTarget, Case, Ending, ScramSpoil, Step, CANCEL_REQUEST,
+};
 use crate::mutate::Rng;
 
 /// A password, a salt and a number of iterations.
@@ -365,9 +367,7 @@ pub async fn run(
             Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis((*ms).min(500))).await,
             message => {
                 let bytes = message.bytes().unwrap_or_default();
-                if matches!(message, Step::SslRequest | Step::GssEncRequest) {
-                    single.fetch_add(1, Ordering::SeqCst);
-                }
+                single.fetch_add(single_byte_requests(&bytes), Ordering::SeqCst);
                 if !write(&mut to, &bytes, case.chunked, rng).await {
                     break;
                 }
