@@ -39,6 +39,7 @@ const MI_OPTION_PURGE_DELAY: i32 = 15;
 mod mimalloc_options {
     extern "C" {
         pub fn mi_option_set(option: i32, value: std::os::raw::c_long);
+        pub fn mi_collect(force: bool);
     }
 }
 
@@ -48,6 +49,9 @@ mod mimalloc_options {
 /// gives it back as it is freed (87 MB after the same query) at no cost to `SELECT 1`
 /// (BENCHMARKS.md, issue 38). `MIMALLOC_PURGE_DELAY` in the environment still decides.
 fn give_memory_back() {
+    // And after a big statement each engine worker collects: what other threads freed of its
+    // memory waits for it otherwise (sluice_engine::give_back).
+    sluice_engine::give_back::set_collector(collect_thread);
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one of mimalloc's options (an integer in its table, read atomically by
         // the allocator); any value is valid for it.
@@ -56,6 +60,16 @@ fn give_memory_back() {
             mimalloc_options::mi_option_set(MI_OPTION_PURGE_DELAY, 0)
         };
     }
+}
+
+/// Makes mimalloc give back what the calling thread's heap holds free (`mi_collect`).
+fn collect_thread() {
+    // SAFETY: mimalloc's collection of the calling thread's heap; callable from any thread
+    // at any time.
+    #[allow(unsafe_code)]
+    unsafe {
+        mimalloc_options::mi_collect(true)
+    };
 }
 
 #[derive(Debug, Parser)]

@@ -1,7 +1,9 @@
-//! Memory given back (issue 38): after a big aggregate the server gives back most of what it
-//! took within seconds, instead of staying at the query's peak (mimalloc keeps
-//! freed memory until the thread that freed it allocates again, unless told to purge at once:
-//! `src/main.rs`, `give_memory_back`).
+//! Memory given back (issue 38): after a big aggregate the server's RSS returns near where it
+//! started within seconds, instead of staying at the query's peak. mimalloc keeps freed
+//! memory until the thread that freed it allocates again, unless told to purge at once
+//! (`src/main.rs`, `give_memory_back`), and memory one thread frees for another waits for the
+//! owner, so the engine's workers collect after a big statement
+//! (`crates/engine/src/give_back.rs`).
 
 mod common;
 
@@ -40,13 +42,12 @@ fn memory_is_given_back_after_a_big_aggregate() {
         peak > start + 200.0,
         "the aggregate did not take memory: {start:.0} → {peak:.0} MB"
     );
-    // At least a third of what the query took given back, within seconds (not at once: the
-    // last batches are freed as the statement's parts are dropped). How much mimalloc keeps
-    // varies from run to run (0–35% of it in BENCHMARKS' runs; 40% once under CI's load);
-    // without the purge it kept all of it.
+    // All but a fifth of what the query took given back, within seconds (not at once: the
+    // last batches are freed as the statement's parts are dropped). Without the workers'
+    // collection 41–45% stayed (BENCHMARKS.md, issue 38); without the purge all of it.
     let began = Instant::now();
     let mut now = status_mb(pid, "VmRSS:");
-    while now > peak - (peak - start) / 3.0 {
+    while now > start + (peak - start) / 5.0 {
         assert!(
             began.elapsed() < Duration::from_secs(15),
             "RSS {now:.0} MB 15 s after the query (start {start:.0} MB, peak {peak:.0} MB): memory not given back"

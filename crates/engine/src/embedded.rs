@@ -52,6 +52,8 @@ fn df(e: DataFusionError) -> Error {
 struct EngineRuntime {
     handle: tokio::runtime::Handle,
     owned: Option<tokio::runtime::Runtime>,
+    /// Its worker threads (each collects after a big statement: [`crate::give_back`]).
+    workers: usize,
 }
 
 impl Drop for EngineRuntime {
@@ -96,6 +98,7 @@ impl Embedded {
             EngineRuntime {
                 handle: runtime.handle().clone(),
                 owned: Some(runtime),
+                workers: threads,
             },
             memory_limit,
         )
@@ -108,6 +111,7 @@ impl Embedded {
             EngineRuntime {
                 handle,
                 owned: None,
+                workers: 1,
             },
             memory_limit,
         )
@@ -270,6 +274,22 @@ impl EmbeddedSession {
     }
 }
 
+/// Ends a statement's task: dropped after everything the task held (declared first).
+struct AfterStatement {
+    runtime: Arc<EngineRuntime>,
+    began: std::time::Instant,
+}
+
+impl Drop for AfterStatement {
+    fn drop(&mut self) {
+        crate::give_back::after_statement(
+            &self.runtime.handle,
+            self.runtime.workers,
+            self.began.elapsed(),
+        );
+    }
+}
+
 /// What a started statement gives first: the columns of its rows (which follow on the
 /// channel), or its whole outcome.
 enum Head {
@@ -309,7 +329,14 @@ impl Session for EmbeddedSession {
         let (batch_tx, batch_rx) = mpsc::channel(BATCHES_IN_FLIGHT);
         let inner = self.inner.clone();
         let sql = sql.to_string();
+        let runtime = self.runtime.clone();
         let task = EngineTask(Some(self.runtime.handle.spawn(async move {
+            // However the statement ends (its client gone: aborted), once what it held is
+            // dropped: if it was big, the workers give back what they freed.
+            let _after = AfterStatement {
+                runtime,
+                began: std::time::Instant::now(),
+            };
             match inner.start(&sql, options, params).await {
                 Err(e) => {
                     let _ = head_tx.send(Err(e));

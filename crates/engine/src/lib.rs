@@ -44,6 +44,7 @@ pub mod cpu;
 pub mod embedded;
 pub mod error;
 pub mod functions;
+pub mod give_back;
 pub mod io;
 pub mod memory;
 pub mod pg_catalog;
