@@ -124,17 +124,15 @@ pub const SSL_REQUEST: i32 = 80877103;
 pub const GSSENC_REQUEST: i32 = 80877104;
 pub const CANCEL_REQUEST: i32 = 80877102;
 
-/// How many SSLRequests and GSSENCRequests `bytes` hold (their answer is one byte, not a
-/// message), wherever a mutation put them.
+/// How many SSLRequests and GSSENCRequests `bytes` may hold (their answer is one byte, not
+/// a message), wherever a mutation put them and whatever length it gave them: each
+/// occurrence of their codes counts.
 pub fn single_byte_requests(bytes: &[u8]) -> usize {
     [SSL_REQUEST, GSSENC_REQUEST]
         .iter()
         .map(|code| {
-            let request = untagged(*code, &[]);
-            bytes
-                .windows(8)
-                .filter(|w| *w == request.as_slice())
-                .count()
+            let code = code.to_be_bytes();
+            bytes.windows(4).filter(|w| *w == code.as_slice()).count()
         })
         .sum()
 }

@@ -17,6 +17,41 @@ pub(crate) const MAX_AST_ELEMENTS: usize = 50_000;
 /// costs the square of its width (20,000 items: 4.6 s).
 pub(crate) const MAX_SELECT_ITEMS: usize = 1664;
 
+/// The most tokens a text may have for the engine to parse it: eight per expression of
+/// [`MAX_AST_ELEMENTS`] (a 50,000-value `IN` list has 100,000). Parsing is linear but not
+/// small: the 8 MB `SELECT 1,1,…` of 4 million items took gigabytes to parse before it could
+/// be refused.
+pub(crate) const MAX_TOKENS: usize = 8 * MAX_AST_ELEMENTS;
+
+/// Refuses a text past [`MAX_TOKENS`] before it is parsed (TOO_BIG_AST, SQLSTATE 54001): one
+/// pass of sluice's lexer, which allocates nothing per token.
+pub(crate) fn check_tokens(sql: &str) -> sluice_sql::Result<()> {
+    use sluice_sql::lexer::{lex, TokenKind, Tokens};
+    struct Count(usize);
+    impl Tokens for Count {
+        #[inline]
+        fn token(&mut self, _: TokenKind, _: std::ops::Range<usize>) {
+            self.0 += 1;
+        }
+    }
+    // Short texts cannot hold that many (a token takes a byte at least).
+    if sql.len() <= MAX_TOKENS {
+        return Ok(());
+    }
+    let mut count = Count(0);
+    lex(sql, &mut count);
+    if count.0 > MAX_TOKENS {
+        return Err(sluice_sql::Error::new(
+            sluice_sql::ErrorCode::TooBigAst,
+            format!(
+                "AST is too big: the statement has {} tokens, more than the engine parses ({MAX_TOKENS}); split it, or put long lists of values in a table",
+                count.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses, before it is planned, a statement past [`MAX_AST_ELEMENTS`] expressions or with a
 /// select list wider than [`MAX_SELECT_ITEMS`] (TOO_BIG_AST, SQLSTATE 54001). Counting stops
 /// at the limit, so a huge statement costs no more than a big one.

@@ -830,6 +830,7 @@ async fn plan(
     sql: &str,
 ) -> Result<(LogicalPlan, Option<Vec<Option<String>>>)> {
     let dialect = state.config().options().sql_parser.dialect;
+    crate::compat::check_tokens(sql)?;
     let mut statement = state.sql_to_statement(sql, &dialect).map_err(df)?;
     crate::compat::check_size(&statement)?;
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
