@@ -276,17 +276,14 @@ impl EmbeddedSession {
 
 /// Ends a statement's task: dropped after everything the task held (declared first).
 struct AfterStatement {
-    runtime: Arc<EngineRuntime>,
+    handle: tokio::runtime::Handle,
+    workers: usize,
     began: std::time::Instant,
 }
 
 impl Drop for AfterStatement {
     fn drop(&mut self) {
-        crate::give_back::after_statement(
-            &self.runtime.handle,
-            self.runtime.workers,
-            self.began.elapsed(),
-        );
+        crate::give_back::after_statement(&self.handle, self.workers, self.began.elapsed());
     }
 }
 
@@ -329,12 +326,13 @@ impl Session for EmbeddedSession {
         let (batch_tx, batch_rx) = mpsc::channel(BATCHES_IN_FLIGHT);
         let inner = self.inner.clone();
         let sql = sql.to_string();
-        let runtime = self.runtime.clone();
+        let (handle, workers) = (self.runtime.handle.clone(), self.runtime.workers);
         let task = EngineTask(Some(self.runtime.handle.spawn(async move {
             // However the statement ends (its client gone: aborted), once what it held is
             // dropped: if it was big, the workers give back what they freed.
             let _after = AfterStatement {
-                runtime,
+                handle,
+                workers,
                 began: std::time::Instant::now(),
             };
             match inner.start(&sql, options, params).await {
