@@ -90,6 +90,20 @@ impl Setup {
     }
 }
 
+/// How many QUERY slots `all` holds (in the tree [`query_tree`] makes).
+const HELD: &str =
+    "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+
+/// The admission tests' tree: a QUERY resource `q` and a workload `all` of `slots` slots.
+async fn query_tree(admin: &Client, slots: usize) {
+    admin
+        .batch_execute(&format!(
+            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = {slots}"
+        ))
+        .await
+        .expect("tree");
+}
+
 /// Every message of a simple query, as comparable text.
 async fn simple(client: &Client, sql: &str) -> Vec<String> {
     match client.simple_query(sql).await {
@@ -541,12 +555,7 @@ async fn transaction_pooling_shares_connections_and_leaks_nothing() {
 async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
     let s = setup(PoolMode::Session, 4).await;
     let admin = s.through().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
-        )
-        .await
-        .expect("tree");
+    query_tree(&admin, 1).await;
     let holder = s.through().await;
     let cancel = holder.cancel_token();
     let running = tokio::spawn(async move {
@@ -554,8 +563,7 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
             .simple_query("SELECT pg_sleep(60) SETTINGS workload = 'all'")
             .await
     });
-    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
-    support::until(&admin, held, "1").await;
+    support::until(&admin, HELD, "1").await;
     // A second statement waits for the slot, visibly.
     let waiter = s.through().await;
     let waiting =
@@ -598,7 +606,7 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
     let e = running.await.expect("joined").expect_err("cancelled");
     assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("57014"));
     assert_eq!(waiting.await.expect("ran"), ["42"]);
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
     // The upstream has nothing running any more.
     let direct = s.direct().await;
     assert_eq!(
@@ -616,14 +624,14 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
             .simple_query("SELECT pg_sleep(61) SETTINGS workload = 'all'")
             .await
     });
-    support::until(&admin, held, "1").await;
+    support::until(&admin, HELD, "1").await;
     admin
         .batch_execute("KILL QUERY WHERE query LIKE '%pg_sleep(61)%'")
         .await
         .expect("kill");
     let e = killed.await.expect("joined").expect_err("killed");
     assert!(e.as_db_error().is_some(), "{e}");
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
     // A client that goes away: its upstream statement is cancelled, its slot freed.
     let mut leaver = std::process::Command::new("psql")
         .args(["-X", "-h", "127.0.0.1", "-p"])
@@ -634,10 +642,10 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("psql");
-    support::until(&admin, held, "1").await;
+    support::until(&admin, HELD, "1").await;
     leaver.kill().expect("kill psql");
     let _ = leaver.wait();
-    support::until(&admin, held, "0").await;
+    support::until(&admin, HELD, "0").await;
     let running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(6%'";
     support::until(&direct, running, "0").await;
 
@@ -653,19 +661,14 @@ async fn forwarded_statements_are_admitted_and_cancels_reach_the_upstream() {
         "{}",
         db.message()
     );
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
 }
 
 #[tokio::test]
 async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
     let s = setup(PoolMode::Transaction, 4).await;
     let admin = s.through().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8",
-        )
-        .await
-        .expect("tree");
+    query_tree(&admin, 8).await;
     let direct = s.direct().await;
     direct
         .batch_execute("CREATE TABLE t (x int); INSERT INTO t SELECT generate_series(1, 1000)")
@@ -707,8 +710,7 @@ async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
         "{codes:?}"
     );
     // sluice keeps serving its own statements; nothing is held.
-    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
     let c = s.through().await;
     let started = std::time::Instant::now();
     let e = c.simple_query("SELECT 1").await.expect_err("down");
@@ -732,7 +734,7 @@ async fn an_upstream_that_goes_away_fails_fast_and_comes_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(resumed, "service resumed");
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
 }
 
 #[tokio::test]
@@ -740,12 +742,7 @@ async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
     for admission in [AdmissionMode::Transaction, AdmissionMode::Statement] {
         let s = setup_with(PoolMode::Transaction, 4, admission, None).await;
         let admin = s.through().await;
-        admin
-            .batch_execute(
-                "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
-            )
-            .await
-            .expect("tree");
+        query_tree(&admin, 1).await;
         let a = s.through().await;
         a.batch_execute("SET workload = 'all'").await.expect("set");
         a.batch_execute("BEGIN").await.expect("begin");
@@ -768,8 +765,7 @@ async fn transaction_admission_holds_the_slot_until_the_transaction_ends() {
             assert_eq!(other.await.expect("b ran"), ["2"]);
             a.batch_execute("COMMIT").await.expect("commit");
         }
-        let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
-        assert_eq!(column(&admin, held).await, ["0"], "{admission:?}");
+        assert_eq!(column(&admin, HELD).await, ["0"], "{admission:?}");
     }
 }
 
@@ -970,13 +966,7 @@ async fn after_an_unsynced_error_everything_up_to_sync_is_discarded() {
     use tokio::io::AsyncWriteExt;
     let s = setup(PoolMode::Session, 2).await;
     let admin = s.through().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
-        )
-        .await
-        .expect("tree");
-    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    query_tree(&admin, 1).await;
     let mut socket = raw_client(s.server.port).await;
     // An Execute of a portal nobody bound, no Sync: PostgreSQL's error comes at once.
     let mut execute = b"\0".to_vec();
@@ -995,7 +985,7 @@ async fn after_an_unsynced_error_everything_up_to_sync_is_discarded() {
         .await
         .expect("query");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
     // The Sync ends the skipping: its ReadyForQuery alone; then statements run as before.
     socket.write_all(&message(b'S', b"")).await.expect("sync");
     let ready = tokio::time::timeout(Duration::from_secs(30), tags_until_ready(&mut socket));
@@ -1005,7 +995,7 @@ async fn after_an_unsynced_error_everything_up_to_sync_is_discarded() {
         .await
         .expect("query");
     assert_eq!(tags_until_ready(&mut socket).await, "TDCZ");
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
 }
 
 /// A stopped statement (here killed) whose upstream does not answer the cancel — its backend
@@ -1015,20 +1005,14 @@ async fn after_an_unsynced_error_everything_up_to_sync_is_discarded() {
 async fn a_stopped_statement_whose_upstream_does_not_answer_is_let_go() {
     let s = setup(PoolMode::Session, 2).await;
     let admin = s.through().await;
-    admin
-        .batch_execute(
-            "CREATE RESOURCE q (QUERY); CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1",
-        )
-        .await
-        .expect("tree");
-    let held = "SELECT inflight_requests FROM system.scheduler WHERE resource = 'q' AND path = '/all/semaphore'";
+    query_tree(&admin, 1).await;
     let victim = s.through().await;
     let killed = tokio::spawn(async move {
         victim
             .simple_query("SELECT pg_sleep(63) SETTINGS workload = 'all'")
             .await
     });
-    support::until(&admin, held, "1").await;
+    support::until(&admin, HELD, "1").await;
     let direct = s.direct().await;
     let backend = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(63)%'";
     let pid = loop {
@@ -1068,7 +1052,7 @@ async fn a_stopped_statement_whose_upstream_does_not_answer_is_let_go() {
         "{}",
         db.message()
     );
-    assert_eq!(column(&admin, held).await, ["0"]);
+    assert_eq!(column(&admin, HELD).await, ["0"]);
     // The next statement gets a connection that works.
     let next = s.through().await;
     assert_eq!(
