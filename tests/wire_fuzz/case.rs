@@ -15,6 +15,7 @@
 //! raw HEX                               # bytes as they are (a mutated message)
 //! await                                 # wait (≤ 1 s) for the answers to what was sent
 //! sleep MS                              # pause
+//! crowd N SQL                           # N other clients send SQL at once and go at random
 //! end drop|read|halfclose               # how the case ends (default: read)
 //! ```
 //!
@@ -56,6 +57,10 @@ pub enum Step {
     Raw(Vec<u8>),
     Await,
     Sleep(u64),
+    /// Other clients at once: this many fresh connections log in and send this Query, then
+    /// each goes at a random moment (dropped, cancelled, or after its answer) — statements
+    /// queued and dropped while others hold the slots.
+    Crowd(usize, Vec<u8>),
 }
 
 /// How a SCRAM exchange is spoiled (or not).
@@ -226,7 +231,9 @@ impl Step {
             Step::SslRequest => untagged(SSL_REQUEST, &[]),
             Step::GssEncRequest => untagged(GSSENC_REQUEST, &[]),
             Step::Raw(bytes) => bytes.clone(),
-            Step::Scram(_) | Step::Cancel(_) | Step::Await | Step::Sleep(_) => return None,
+            Step::Scram(_) | Step::Cancel(_) | Step::Await | Step::Sleep(_) | Step::Crowd(..) => {
+                return None
+            }
         })
     }
 
@@ -443,6 +450,10 @@ impl Case {
             "raw" => Step::Raw(hex(rest)?),
             "await" => Step::Await,
             "sleep" => Step::Sleep(rest.trim().parse().map_err(|_| "sleep MS")?),
+            "crowd" => {
+                let (n, sql) = rest.split_once(' ').ok_or("crowd N SQL")?;
+                Step::Crowd(n.parse().map_err(|_| "crowd N SQL")?, unescape(sql)?)
+            }
             "end" => return Ok(None),
             "chunked" => return Ok(None),
             other => return Err(format!("unknown step {other:?}")),
@@ -476,6 +487,10 @@ impl Case {
                 Step::Await => out.push_str("await"),
                 Step::Sleep(ms) => {
                     let _ = write!(out, "sleep {ms}");
+                }
+                Step::Crowd(n, sql) => {
+                    let _ = write!(out, "crowd {n} ");
+                    escape(&mut out, sql, false);
                 }
                 // Every other step as the bytes it writes: exact, whatever a mutation did.
                 other => {

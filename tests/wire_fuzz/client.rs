@@ -327,10 +327,70 @@ async fn cancel(addr: SocketAddr, key: (i32, i32)) {
 /// Runs `case` on a new connection; what the server sent. Each wait for answers lasts at most
 /// `patience`.
 pub async fn run(
-    target: &Target,
+    target: &Arc<Target>,
     case: &Case,
     rng: &mut Rng,
     patience: Duration,
+) -> std::io::Result<Seen> {
+    let mut crowd = tokio::task::JoinSet::new();
+    let seen = converse(target, case, rng, patience, &mut crowd).await;
+    // The crowd goes too (each member within a second or so; bounded here regardless).
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while crowd.join_next().await.is_some() {}
+    })
+    .await;
+    crowd.abort_all();
+    seen
+}
+
+/// Other clients at once ([`Step::Crowd`]): each logs in, sends `sql`, and goes at a random
+/// moment — dropped while queued or running, cancelled, or after its answer.
+fn join_crowd(
+    crowd: &mut tokio::task::JoinSet<()>,
+    target: &Arc<Target>,
+    sql: &[u8],
+    rng: &mut Rng,
+    patience: Duration,
+) {
+    let mut steps = vec![
+        Step::Startup(vec![
+            ("user".into(), target.user.clone()),
+            ("database".into(), target.database.clone()),
+        ]),
+        Step::Scram(ScramSpoil::None),
+        Step::Await,
+        Step::Query(sql.to_vec()),
+        Step::Sleep(rng.below(300) as u64),
+    ];
+    let ending = match rng.below(3) {
+        0 => Ending::Drop,
+        1 => {
+            steps.push(Step::Cancel(CancelTarget::Own));
+            Ending::Read
+        }
+        _ => Ending::Read,
+    };
+    let member = Case {
+        steps,
+        ending,
+        chunked: false,
+    };
+    let (target, mut rng) = (target.clone(), Rng::new(rng.next()));
+    let mut none = tokio::task::JoinSet::new();
+    // Boxed: a member's conversation is the same function as the case's.
+    let future: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(async move {
+            let _ = converse(&target, &member, &mut rng, patience, &mut none).await;
+        });
+    crowd.spawn(future);
+}
+
+async fn converse(
+    target: &Arc<Target>,
+    case: &Case,
+    rng: &mut Rng,
+    patience: Duration,
+    crowd: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Seen> {
     let stream = TcpStream::connect(target.addr).await?;
     stream.set_nodelay(true)?;
@@ -365,6 +425,11 @@ pub async fn run(
                 ready_expected = seen.borrow().ready;
             }
             Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis((*ms).min(500))).await,
+            Step::Crowd(n, sql) => {
+                for _ in 0..(*n).min(16) {
+                    join_crowd(crowd, target, sql, rng, patience);
+                }
+            }
             message => {
                 let bytes = message.bytes().unwrap_or_default();
                 single.fetch_add(single_byte_requests(&bytes), Ordering::SeqCst);
@@ -395,7 +460,7 @@ pub async fn run(
 }
 
 /// A fresh client's round trip: logs in and runs `SELECT 1`; Err says what went wrong.
-pub async fn answers(target: &Target, rng: &mut Rng) -> Result<(), String> {
+pub async fn answers(target: &Arc<Target>, rng: &mut Rng) -> Result<(), String> {
     let case = Case {
         steps: vec![
             Step::Startup(vec![

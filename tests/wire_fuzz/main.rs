@@ -189,7 +189,7 @@ async fn settled(watcher: &tokio_postgres::Client) -> Result<(), String> {
 /// Fuzzes the server listening on `port` (process `server`) for the configured time.
 async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
     let addr = format!("127.0.0.1:{port}").parse().expect("address");
-    let target = Target::new(addr, "fuzz", "fuzz", FUZZ_PASSWORD);
+    let target = std::sync::Arc::new(Target::new(addr, "fuzz", "fuzz", FUZZ_PASSWORD));
     let (watcher, connection) = tokio_postgres::connect(
         &format!("host=127.0.0.1 port={port} user=admin password={ADMIN_PASSWORD} dbname=fuzz"),
         tokio_postgres::NoTls,

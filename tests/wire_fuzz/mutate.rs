@@ -164,7 +164,8 @@ fn made_up(rng: &mut Rng) -> Step {
         11 => rng.pick(&[Step::SslRequest, Step::GssEncRequest]).clone(),
         12 => Step::Cancel(*rng.pick(&[CancelTarget::Own, CancelTarget::Other])),
         13 => Step::Password(sql(rng)),
-        14 => Step::Sleep(rng.below(60) as u64),
+        14 if rng.one_in(2) => Step::Sleep(rng.below(60) as u64),
+        14 => Step::Crowd(1 + rng.below(8), sql(rng)),
         _ => Step::Await,
     }
 }
@@ -286,7 +287,9 @@ pub fn case(corpus: &[Case], rng: &mut Rng) -> Case {
             }
             4 | 5 => case.steps.insert(at.min(n), made_up(rng)),
             6 | 7 => match case.steps.get_mut(at) {
-                Some(Step::Query(sql)) | Some(Step::Parse { sql, .. }) => bend_sql(sql, rng),
+                Some(Step::Query(sql))
+                | Some(Step::Parse { sql, .. })
+                | Some(Step::Crowd(_, sql)) => bend_sql(sql, rng),
                 Some(Step::Execute(_, rows)) => *rows = *rng.pick(INTS),
                 Some(Step::Scram(spoil)) => {
                     *spoil = *rng.pick(&[ScramSpoil::BadProof, ScramSpoil::Cut])
