@@ -23,6 +23,26 @@ pub(crate) struct CachedPlan {
     pub(crate) physical: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
     /// The kept physical plan reads at most [`TINY_ROWS`] rows, all in memory (see [`tiny`]).
     pub(crate) tiny: bool,
+    /// The rows of a tiny plan that reads no table (see [`constant`]), kept from its first
+    /// run: every later run of this generation gives the same, so they are served as they
+    /// are (`SELECT 1`, a driver's `SELECT version()`), with no plan run at all.
+    pub(crate) rows: Option<Vec<datafusion::arrow::record_batch::RecordBatch>>,
+}
+
+/// Whether a kept plan's answer is the same at every run of its generation: its leaves are
+/// constant rows, no table (a cached plan has only immutable functions and no placeholders:
+/// [`cacheable`]).
+pub(crate) fn constant(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> bool {
+    use datafusion::physical_plan as pp;
+    let node: &dyn pp::ExecutionPlan = plan.as_ref();
+    let children = plan.children();
+    if children.is_empty() {
+        return node
+            .downcast_ref::<pp::placeholder_row::PlaceholderRowExec>()
+            .is_some()
+            || node.downcast_ref::<pp::empty::EmptyExec>().is_some();
+    }
+    children.into_iter().all(constant)
 }
 
 /// Rows a plan may read and still count as tiny.
@@ -106,6 +126,7 @@ impl Planning {
             names,
             physical: None,
             tiny: false,
+            rows: None,
         };
         self.cache.insert(sql.to_string(), cached);
     }

@@ -9,6 +9,7 @@
 //! without decoding rows; the server forwards to it at the message level.
 //!
 //! Modules: [`embedded`] (the engine, its sessions and its runtime), [`cache`] (the plan cache),
+//! [`give_back`] (memory given back after a big statement),
 //! [`compat`] (what Postgres clients expect where DataFusion differs), [`functions`]
 //! (`pg_sleep`), [`pg_catalog`] (Postgres's `pg_catalog` and `information_schema` made from
 //! the engine's catalogs, the functions clients' catalog queries call, and the Postgres type
@@ -34,7 +35,11 @@
 //!   change only by DML, so a kept plan is never older than the data) through nodes that
 //!   [`reset_plan_states`](datafusion::physical_plan::execution_plan::reset_plan_states)
 //!   makes new again; each run executes a reset copy, never the kept plan. Files are
-//!   planned, and so listed, on every run.
+//!   planned, and so listed, on every run. A kept plan that reads no table at all (its
+//!   leaves constant rows: `SELECT 1`) gives the same rows at every run of its generation:
+//!   its first run's rows are kept and served as they are.
+//! - After a statement that ran 100 ms or more, each engine worker gives back what it freed
+//!   ([`give_back`]); a shorter one costs a clock read there.
 //!
 //! It decides no policy: admission and limits are the server's and the scheduler's.
 

@@ -251,6 +251,46 @@ async fn kept_physical_plans_run_again_from_the_start() {
         .is_some_and(|c| c.physical.is_none()));
 }
 
+#[tokio::test]
+async fn constant_answers_are_kept_and_table_answers_are_not() {
+    let engine = engine();
+    let s = engine.embedded_session();
+    text(&s, "CREATE TABLE c (x INT)").await;
+    text(&s, "INSERT INTO c VALUES (1)").await;
+    let kept_rows = |q: &'static str| {
+        let s = &s;
+        async move {
+            let planning = s.inner.planning.lock().await;
+            planning.cache.get(q).is_some_and(|c| c.rows.is_some())
+        }
+    };
+    // A constant answer: planned, run, then served as kept (the same each time).
+    for q in ["SELECT 1", "SELECT 1 + 2 AS three, 'a' || 'b' AS ab"] {
+        let first = text(&s, q).await;
+        for _ in 0..3 {
+            assert_eq!(text(&s, q).await, first, "{q}");
+        }
+        assert!(kept_rows(q).await, "{q}'s rows kept");
+    }
+    // A table's rows are read each run (its answer changes with the table).
+    let q = "SELECT x FROM c ORDER BY x";
+    text(&s, q).await;
+    text(&s, q).await;
+    assert!(!kept_rows(q).await);
+    // The optimizer answers `count(*)` from the table's statistics with constant rows: kept
+    // for this generation, which a DML ends.
+    let n = "SELECT count(*) AS n FROM c";
+    assert!(text(&s, n).await.contains("| 1 |"));
+    text(&s, "INSERT INTO c VALUES (2)").await;
+    assert!(text(&s, q).await.contains("| 2 |"));
+    assert!(text(&s, n).await.contains("| 2 |"));
+    // A clock is not constant: `now()` is planned anew, never kept.
+    let q = "SELECT now() > TIMESTAMP '2000-01-01' AS later";
+    text(&s, q).await;
+    text(&s, q).await;
+    assert!(!kept_rows(q).await);
+}
+
 #[tokio::test(start_paused = true)]
 async fn pg_sleep_sleeps_in_virtual_time() {
     // On the test's own runtime, whose clock is paused.
