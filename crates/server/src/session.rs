@@ -90,6 +90,9 @@ pub struct Connection {
     parser: Arc<NoopQueryParser>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
+    /// The last text read as a statement, and what it read as: the extended protocol reads
+    /// a text at Describe and again at Execute, and a driver repeats its texts.
+    last_statement: std::sync::Mutex<Option<(String, ClientStatement)>>,
     pub admission: Admission,
 }
 
@@ -254,7 +257,31 @@ impl Connection {
             manager,
             parser: Arc::new(NoopQueryParser::new()),
             cursors: tokio::sync::Mutex::default(),
+            last_statement: std::sync::Mutex::default(),
         }
+    }
+
+    /// `sluice_sql::statement(sql)`, read once for a text asked for again in a row (a
+    /// statement depends on its text alone).
+    fn statement_of(&self, sql: &str) -> Result<Option<ClientStatement>> {
+        if let Ok(last) = self.last_statement.lock() {
+            if let Some((_, statement)) = last.as_ref().filter(|(text, _)| text == sql) {
+                return Ok(Some(statement.clone()));
+            }
+        }
+        let read = sluice_sql::statement(sql)?;
+        if let (Some(statement), Ok(mut last)) = (&read, self.last_statement.lock()) {
+            match last.as_mut() {
+                // The text's buffer reused.
+                Some((text, kept)) => {
+                    text.clear();
+                    text.push_str(sql);
+                    *kept = statement.clone();
+                }
+                None => *last = Some((sql.to_string(), statement.clone())),
+            }
+        }
+        Ok(read)
     }
 
     /// What the server shares.
@@ -692,7 +719,7 @@ impl Connection {
         sql: &str,
         format: impl Fn(usize) -> FieldFormat,
     ) -> PgWireResult<Vec<FieldInfo>> {
-        let statement = match sluice_sql::statement(sql).map_err(|e| to_pg(&e))? {
+        let statement = match self.statement_of(sql).map_err(|e| to_pg(&e))? {
             Some(statement) => statement,
             None => return Ok(Vec::new()),
         };
@@ -934,7 +961,7 @@ impl ExtendedQueryHandler for Connection {
     {
         self.admission.cancellable(client);
         let sql = &portal.statement.statement;
-        let Some(statement) = sluice_sql::statement(sql).map_err(|e| to_pg(&e))? else {
+        let Some(statement) = self.statement_of(sql).map_err(|e| to_pg(&e))? else {
             return Ok(Response::EmptyQuery);
         };
         let values = if portal.parameter_len() > 0 {
@@ -991,7 +1018,7 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        let statement = sluice_sql::statement(&stmt.statement).map_err(|e| to_pg(&e))?;
+        let statement = self.statement_of(&stmt.statement).map_err(|e| to_pg(&e))?;
         let params = match &statement {
             Some(statement) => self
                 .parameter_types(statement, &stmt.statement, &stmt.parameter_types)
