@@ -9,22 +9,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-/// VmRSS or VmHWM of `pid`, in MB.
-fn status_mb(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .split_whitespace()
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
-        .map(|kb| kb / 1024.0)
-        .expect("a memory figure")
-}
-
 #[test]
 fn memory_is_given_back_after_a_big_aggregate() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -34,10 +18,10 @@ fn memory_is_given_back_after_a_big_aggregate() {
     let psql = |sql: &str| common::psql_at(port, "bench", "bench", None, &[sql]);
     psql("SELECT 1");
     std::thread::sleep(Duration::from_millis(500));
-    let start = status_mb(pid, "VmRSS:");
+    let start = common::status_mb(pid, "VmRSS:");
     let answer = psql("SELECT cardinality(array_agg(g)) FROM generate_series(1, 20000000) AS t(g)");
     assert!(answer.contains("20000000"), "{answer}");
-    let peak = status_mb(pid, "VmHWM:");
+    let peak = common::status_mb(pid, "VmHWM:");
     assert!(
         peak > start + 200.0,
         "the aggregate did not take memory: {start:.0} → {peak:.0} MB"
@@ -46,14 +30,14 @@ fn memory_is_given_back_after_a_big_aggregate() {
     // last batches are freed as the statement's parts are dropped). Without the workers'
     // collection 41–45% stayed (BENCHMARKS.md, issue 38); without the purge all of it.
     let began = Instant::now();
-    let mut now = status_mb(pid, "VmRSS:");
+    let mut now = common::status_mb(pid, "VmRSS:");
     while now > start + (peak - start) / 5.0 {
         assert!(
             began.elapsed() < Duration::from_secs(15),
             "RSS {now:.0} MB 15 s after the query (start {start:.0} MB, peak {peak:.0} MB): memory not given back"
         );
         std::thread::sleep(Duration::from_millis(100));
-        now = status_mb(pid, "VmRSS:");
+        now = common::status_mb(pid, "VmRSS:");
     }
     eprintln!(
         "RSS: start {start:.0} MB, peak {peak:.0} MB, {now:.0} MB {:?} after",

@@ -122,3 +122,19 @@ pub fn run_script(
     );
     text
 }
+
+/// VmRSS or VmHWM of `pid`, in MB.
+pub fn status_mb(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|kb| kb / 1024.0)
+        .expect("a memory figure")
+}

@@ -102,7 +102,8 @@ pub struct Case {
     pub chunked: bool,
 }
 
-fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+/// A tagged message: type byte, length, body.
+pub fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 5);
     out.push(tag);
     out.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());

@@ -22,7 +22,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::case::{
-    single_byte_requests, untagged, CancelTarget, Case, Ending, ScramSpoil, Step, CANCEL_REQUEST,
+    frame, single_byte_requests, untagged, CancelTarget, Case, Ending, ScramSpoil, Step,
+    CANCEL_REQUEST,
 };
 use crate::mutate::Rng;
 
@@ -217,13 +218,6 @@ async fn write(to: &mut OwnedWriteHalf, bytes: &[u8], chunked: bool, rng: &mut R
         }
     }
     true
-}
-
-fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    out.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
-    out.extend_from_slice(body);
-    out
 }
 
 /// The SCRAM-SHA-256 exchange (RFC 5802, as libpq does it without channel binding): waits for

@@ -128,21 +128,6 @@ fn shortened(case: &Case) -> String {
         .collect()
 }
 
-/// VmRSS of `pid`, in MB.
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmRSS:")?
-                .split_whitespace()
-                .next()?
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 /// Waits (≤ 15 s) until nothing is in flight; Err names what stayed.
 async fn settled(watcher: &tokio_postgres::Client) -> Result<(), String> {
     let began = Instant::now();
@@ -273,7 +258,7 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
                 file.display()
             );
         }
-        let rss = rss_mb(pid);
+        let rss = common::status_mb(pid, "VmRSS:");
         if std::env::var_os("SLUICE_WIRE_FUZZ_TRACE").is_some() {
             let sizes: Vec<usize> = case
                 .steps
@@ -307,10 +292,10 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
     // within the bound.
     let bound = warm_rss.map(|warm| warm * 1.5 + 64.0);
     let ended = Instant::now();
-    let mut end_rss = rss_mb(pid);
+    let mut end_rss = common::status_mb(pid, "VmRSS:");
     while bound.is_some_and(|b| end_rss >= b) && ended.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        end_rss = rss_mb(pid);
+        end_rss = common::status_mb(pid, "VmRSS:");
     }
     eprintln!(
         "[{mode}] {cases} cases in {:.0} s ({:.0}/s): 0 crashes, 0 hangs, 0 left in flight; {closed_by_server} connections closed by the server, {errors} errors answered; RSS after {WARM_CASES} cases {:.0} MB, peak {peak_rss:.0} MB, at the end {end_rss:.0} MB ({:.1} s after the last case)",
