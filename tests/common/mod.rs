@@ -3,9 +3,20 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub struct Server(pub Child);
+/// A running `sluice serve`, with the lines of its stderr that report a panic (read as they
+/// come: a panic that ends only a connection's task leaves the server up, and is still a bug).
+pub struct Server(pub Child, Arc<Mutex<Vec<String>>>);
+
+impl Server {
+    /// What the server has said of panics so far ("thread '…' panicked at …" and the line
+    /// after it, which holds the message).
+    pub fn panics(&self) -> Vec<String> {
+        self.1.lock().expect("panic lines").clone()
+    }
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -33,7 +44,7 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
         .spawn()
         .expect("starts sluice serve");
     let stderr = child.stderr.take().expect("stderr");
-    let server = Server(child);
+    let server = Server(child, Arc::default());
     // Ready when it says it listens (bounded).
     let started = Instant::now();
     let mut lines = BufReader::new(stderr).lines();
@@ -50,8 +61,18 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
             _ => panic!("sluice exited before listening:\n{}", said.join("\n")),
         }
     }
-    // Keep reading so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    // Keep reading so the server never blocks on a full pipe; keep what reports a panic.
+    let panics = Arc::clone(&server.1);
+    std::thread::spawn(move || {
+        let mut after_panic = false;
+        for line in lines.map_while(Result::ok) {
+            let panic = line.contains("panicked at");
+            if panic || after_panic {
+                panics.lock().expect("panic lines").push(line);
+            }
+            after_panic = panic;
+        }
+    });
     server
 }
 

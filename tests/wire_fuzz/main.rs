@@ -4,7 +4,8 @@
 //! exchange, Query, Parse/Bind/Describe/Execute/Sync, CopyData, CancelRequest — with messages
 //! bent, lied about, cut or repeated and the connection ended at any point. After every case:
 //!
-//! - the server process is alive (no crash);
+//! - the server process is alive and has reported no panic (no crash, not even one that
+//!   ends only its connection's task);
 //! - nothing is left in flight: `system.scheduler` shows no request holding or waiting for a
 //!   slot, and `system.processes` no statement of the fuzzing user, within 15 s (the user's
 //!   `max_execution_time` is 5 s, so a slow statement a case left behind ends by then);
@@ -240,6 +241,14 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
         if failure.is_none() {
             if let Ok(Some(status)) = server.0.try_wait() {
                 failure = Some(format!("the server exited: {status}"));
+            }
+        }
+        if failure.is_none() {
+            // A panic that ends only its connection leaves the server up (and, with
+            // RUST_BACKTRACE set, costs a symbolized backtrace's memory): still a crash.
+            let panics = server.panics();
+            if !panics.is_empty() {
+                failure = Some(format!("the server panicked:\n{}", panics.join("\n")));
             }
         }
         if failure.is_none() {

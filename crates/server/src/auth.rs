@@ -33,7 +33,7 @@ use pgwire::api::auth::{
 };
 use pgwire::api::{ClientInfo, METADATA_USER};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use pgwire::messages::startup::{Authentication, PasswordMessageFamily};
+use pgwire::messages::startup::{Authentication, PasswordMessageFamily, SASLInitialResponse};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use sluice_engine::upstream::ScramKeys;
 use sluice_sql::{Error, ErrorCode, Result};
@@ -346,6 +346,29 @@ fn scram_message(why: &str) -> PgWireError {
     PgWireError::InvalidScramMessage(why.to_owned())
 }
 
+/// The client's SASLInitialResponse, read only once its body is checked: pgwire's decoder
+/// trusts the body (a password message sent in its place, or a data length past the end,
+/// panics the connection's thread). What PostgreSQL refuses — FATAL 08P01 — is refused here.
+fn sasl_initial_response(message: PasswordMessageFamily) -> PgWireResult<SASLInitialResponse> {
+    if let PasswordMessageFamily::Raw(body) = &message {
+        // mechanism name, NUL, Int32 length of the data (-1: none), the data.
+        let well_formed = body.iter().position(|&b| b == 0).is_some_and(|nul| {
+            let rest = &body[nul + 1..];
+            rest.get(..4).is_some_and(|len| {
+                let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                (len == -1 && rest.len() == 4)
+                    || usize::try_from(len).is_ok_and(|len| len == rest.len() - 4)
+            })
+        });
+        if !well_formed {
+            return Err(scram_message(
+                "malformed SASLInitialResponse: expected a mechanism name, its data's length and the data",
+            ));
+        }
+    }
+    message.into_sasl_initial_response()
+}
+
 #[async_trait]
 impl AuthMechanism<ScramKeys> for ScramLogin {
     async fn begin(
@@ -363,7 +386,7 @@ impl AuthMechanism<ScramKeys> for ScramLogin {
         message: PasswordMessageFamily,
     ) -> PgWireResult<AuthState<ScramKeys>> {
         let Some(waiting) = self.waiting.take() else {
-            let initial = message.into_sasl_initial_response()?;
+            let initial = sasl_initial_response(message)?;
             if !self.names.contains(&initial.auth_method) {
                 return Err(PgWireError::UnsupportedSASLAuthMethod(initial.auth_method));
             }
@@ -567,7 +590,16 @@ where
             PgWireFrontendMessage::PasswordMessageFamily(message) => {
                 self.driver.advance_authentication(client, message).await
             }
-            _ => return Ok(()),
+            // Anything else while the exchange is under way ends it, in PostgreSQL's words.
+            other => {
+                let mut encoded = bytes::BytesMut::new();
+                let tag = other.encode(&mut encoded).map_or(0, |()| encoded[0]);
+                return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                    "FATAL".to_owned(),
+                    "08P01".to_owned(),
+                    format!("expected SASL response, got message type {tag}"),
+                ))));
+            }
         };
         match outcome {
             Ok(AuthOutcome::InProgress) => Ok(()),

@@ -260,11 +260,18 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         }
         if let Err(mut e) = outcome {
             errors.on_error(&socket, &mut e);
-            let fatal = e.is_fatal();
-            process_error(&mut socket, e, in_extended).await?;
-            if fatal {
+            if e.is_fatal() {
+                // PostgreSQL's FATAL is the last message: no ReadyForQuery after it (pgwire's
+                // `process_error` sends one, and a client then sees a session that is gone).
+                let info: ErrorInfo = e.into();
+                futures::SinkExt::send(
+                    &mut socket,
+                    PgWireBackendMessage::ErrorResponse(info.into()),
+                )
+                .await?;
                 break;
             }
+            process_error(&mut socket, e, in_extended).await?;
         }
         if is_cancel {
             break;

@@ -741,3 +741,69 @@ async fn the_grafana_dashboard_names_only_exported_metrics() {
     );
     server.stop().await;
 }
+
+/// What a client sends in place of the SCRAM exchange's first answer ends its login as
+/// PostgreSQL ends it: one FATAL 08P01 and the connection closed, no ReadyForQuery after it
+/// (a password message where SASLInitialResponse belongs, or one whose data length runs past
+/// its end, panicked the connection's thread inside pgwire's decoder; a Query was ignored).
+#[tokio::test]
+async fn a_message_out_of_place_in_the_login_is_refused_as_postgres_refuses_it() {
+    let (_dir, server) = with_users(vec![user("dana", "dana-pw")]).await;
+    let frame = |tag: u8, body: &[u8]| {
+        let mut f = vec![tag];
+        f.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    };
+    let mut sasl_too_long = b"SCRAM-SHA-256\0".to_vec();
+    sasl_too_long.extend_from_slice(&1000i32.to_be_bytes());
+    sasl_too_long.extend_from_slice(b"n,,n=,r=abc");
+    let cases = [
+        (frame(b'p', b"dana-pw\0"), "malformed SASLInitialResponse"),
+        (frame(b'p', &sasl_too_long), "malformed SASLInitialResponse"),
+        (frame(b'p', b""), "malformed SASLInitialResponse"),
+        (
+            frame(b'Q', b"SELECT 1\0"),
+            "expected SASL response, got message type 81",
+        ),
+    ];
+    for (sent, want) in cases {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connects");
+        let mut startup = 196608u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0dana\0database\0x\0\0");
+        let mut packet = (startup.len() as u32 + 4).to_be_bytes().to_vec();
+        packet.extend_from_slice(&startup);
+        socket.write_all(&packet).await.expect("start-up");
+        // AuthenticationSASL first; then the message out of place.
+        let mut head = [0u8; 5];
+        socket.read_exact(&mut head).await.expect("an answer");
+        assert_eq!(head[0], b'R', "an authentication request first");
+        let mut rest =
+            vec![0; u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4];
+        socket.read_exact(&mut rest).await.expect("its body");
+        socket.write_all(&sent).await.expect("sent");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        assert_eq!(answer.first(), Some(&b'E'), "an error: {answer:?}");
+        let length = u32::from_be_bytes([answer[1], answer[2], answer[3], answer[4]]) as usize;
+        assert_eq!(
+            answer.len(),
+            length + 1,
+            "the error is the last message: {answer:?}"
+        );
+        let text = String::from_utf8_lossy(&answer);
+        for part in ["SFATAL", "C08P01", want] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+    }
+    // The server still logs others in.
+    let dana = login(server.port, "dana", "dana-pw")
+        .await
+        .expect("logs in");
+    assert_eq!(column(&dana, "SELECT 1").await, ["1"]);
+}
