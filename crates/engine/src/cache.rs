@@ -17,7 +17,9 @@ pub(crate) struct Planning {
 pub(crate) struct CachedPlan {
     pub(crate) generation: u64,
     pub(crate) plan: datafusion::logical_expr::LogicalPlan,
-    pub(crate) names: Option<Vec<Option<String>>>,
+    /// The result's columns as a client sees them (Postgres's names: see
+    /// [`crate::compat::postgres_names`]), made once: drivers Describe before every Execute.
+    pub(crate) columns: datafusion::arrow::datatypes::SchemaRef,
     /// The physical plan too, when every node of it can run again after a reset (see
     /// [`reusable`]). Never executed itself: each run gets a reset copy.
     pub(crate) physical: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
@@ -120,10 +122,11 @@ impl Planning {
         if self.cache.len() >= PLAN_CACHE_ENTRIES {
             self.cache.clear();
         }
+        let columns = crate::compat::postgres_names(plan.schema().as_arrow(), names);
         let cached = CachedPlan {
             generation,
             plan,
-            names,
+            columns,
             physical: None,
             tiny: false,
             rows: None,

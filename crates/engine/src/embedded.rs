@@ -589,7 +589,7 @@ impl SessionInner {
         let Some(kept) = cached.physical.clone() else {
             return Ok(None);
         };
-        let schema = postgres_names(cached.plan.schema().as_arrow(), cached.names.clone());
+        let schema = cached.columns.clone();
         if let Some(rows) = &cached.rows {
             return Ok(Some(QueryOutput::Rows {
                 schema,
@@ -641,7 +641,7 @@ impl SessionInner {
     /// A cached statement's columns, from the planning state already locked.
     fn cached_columns_in(&self, planning: &Planning, sql: &str) -> Option<Option<SchemaRef>> {
         let c = planning.cached(sql, self.generation.load(Ordering::SeqCst))?;
-        Some(row_columns(c.plan.schema().as_arrow(), c.names.clone()))
+        Some((!c.columns.fields().is_empty()).then(|| c.columns.clone()))
     }
 
     /// Plans one statement and starts it: a query's stream of batches, or a command applied
@@ -692,12 +692,13 @@ impl SessionInner {
             let cached = use_cache
                 .then(|| planning.cached(sql, generation))
                 .flatten()
-                .map(|c| (c.plan.clone(), c.names.clone(), c.physical.clone()));
+                .map(|c| (c.plan.clone(), c.columns.clone(), c.physical.clone()));
             let from_cache = cached.is_some();
             let (cached, kept_physical) = match cached {
-                Some((plan, names, physical)) => {
-                    (Some((plan, names)), physical.filter(|_| one_off.is_none()))
-                }
+                Some((plan, columns, physical)) => (
+                    Some((plan, columns)),
+                    physical.filter(|_| one_off.is_none()),
+                ),
                 None => (None, None),
             };
             let keeps_physical = use_cache && one_off.is_none();
@@ -707,18 +708,19 @@ impl SessionInner {
             };
             active.state.mark_start_execution();
             let mut to_remember = None;
-            let (plan, names) = match cached {
-                Some(hit) => hit,
+            let (plan, names, schema) = match cached {
+                Some((plan, columns)) => (plan, None, columns),
                 None => {
                     let (plan, names) = plan(&active.state, sql).await?;
-                    if params.is_empty() {
-                        (plan, names)
+                    let plan = if params.is_empty() {
+                        plan
                     } else {
-                        (bind(plan, params)?, names)
-                    }
+                        bind(plan, params)?
+                    };
+                    let schema = postgres_names(plan.schema().as_arrow(), names.clone());
+                    (plan, names, schema)
                 }
             };
-            let schema = postgres_names(plan.schema().as_arrow(), names.clone());
             let next = if !is_plain_query(&plan) {
                 let writes = matches!(plan, LogicalPlan::Copy(_) | LogicalPlan::Dml(_));
                 let state = one_off

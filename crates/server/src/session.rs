@@ -90,9 +90,10 @@ pub struct Connection {
     parser: Arc<NoopQueryParser>,
     /// Open cursors by name (`DECLARE`, `FETCH`, `CLOSE`).
     cursors: tokio::sync::Mutex<HashMap<String, Cursor>>,
-    /// The last text read as a statement, and what it read as: the extended protocol reads
-    /// a text at Describe and again at Execute, and a driver repeats its texts.
-    last_statement: std::sync::Mutex<Option<(String, ClientStatement)>>,
+    /// The last text read as statements, and what it read as (when every one read without
+    /// an error): the extended protocol reads a text at Describe and again at Execute, and a
+    /// driver, or a simple Query in a loop, repeats its texts.
+    last_statements: std::sync::Mutex<Option<(String, Vec<ClientStatement>)>>,
     pub admission: Admission,
 }
 
@@ -257,31 +258,49 @@ impl Connection {
             manager,
             parser: Arc::new(NoopQueryParser::new()),
             cursors: tokio::sync::Mutex::default(),
-            last_statement: std::sync::Mutex::default(),
+            last_statements: std::sync::Mutex::default(),
         }
     }
 
-    /// `sluice_sql::statement(sql)`, read once for a text asked for again in a row (a
+    /// `sluice_sql::statements(sql)`, read once for a text asked for again in a row (a
     /// statement depends on its text alone).
-    fn statement_of(&self, sql: &str) -> Result<Option<ClientStatement>> {
-        if let Ok(last) = self.last_statement.lock() {
-            if let Some((_, statement)) = last.as_ref().filter(|(text, _)| text == sql) {
-                return Ok(Some(statement.clone()));
+    fn statements_of(&self, sql: &str) -> Vec<Result<ClientStatement>> {
+        if let Ok(last) = self.last_statements.lock() {
+            if let Some((_, kept)) = last.as_ref().filter(|(text, _)| text == sql) {
+                return kept.iter().cloned().map(Ok).collect();
             }
         }
-        let read = sluice_sql::statement(sql)?;
-        if let (Some(statement), Ok(mut last)) = (&read, self.last_statement.lock()) {
+        let read = sluice_sql::statements(sql);
+        if let (true, Ok(mut last)) = (read.iter().all(|s| s.is_ok()), self.last_statements.lock())
+        {
+            let statements = read.iter().filter_map(|s| s.as_ref().ok().cloned());
             match last.as_mut() {
-                // The text's buffer reused.
+                // The buffers reused.
                 Some((text, kept)) => {
                     text.clear();
                     text.push_str(sql);
-                    *kept = statement.clone();
+                    kept.clear();
+                    kept.extend(statements);
                 }
-                None => *last = Some((sql.to_string(), statement.clone())),
+                None => *last = Some((sql.to_string(), statements.collect())),
             }
         }
-        Ok(read)
+        read
+    }
+
+    /// `sluice_sql::statement(sql)`, through [`Connection::statements_of`].
+    fn statement_of(&self, sql: &str) -> Result<Option<ClientStatement>> {
+        // The usual case, a text of one statement kept: its clone, no list made.
+        if let Ok(last) = self.last_statements.lock() {
+            if let Some((_, [only])) = last
+                .as_ref()
+                .map(|(text, kept)| (text, kept.as_slice()))
+                .filter(|(text, _)| *text == sql)
+            {
+                return Ok(Some(only.clone()));
+            }
+        }
+        sluice_sql::only_statement(self.statements_of(sql))
     }
 
     /// What the server shares.
@@ -921,7 +940,7 @@ impl SimpleQueryHandler for Connection {
         // A simple query may hold several statements; each runs in turn and its answer is
         // sent before the next starts (so its rows stream, and its permits go, first); the
         // first error stops.
-        for statement in sluice_sql::statements(query) {
+        for statement in self.statements_of(query) {
             let statement = statement.map_err(|e| to_pg(&e))?;
             let outcome = self
                 .run(&user, statement, Vec::new(), &mut ClientNotices(client))

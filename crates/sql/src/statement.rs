@@ -217,7 +217,12 @@ pub fn statements_with_text(text: &str) -> Vec<(&str, Result<Statement>)> {
 
 /// Exactly one statement (a trailing `;` allowed), for the extended protocol's Parse.
 pub fn statement(text: &str) -> Result<Option<Statement>> {
-    let mut all = statements(text);
+    only_statement(statements(text))
+}
+
+/// The one statement of [`statements`]' answer for a text (none for an empty text; more than
+/// one is an error): what [`statement`] makes of it.
+pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statement>> {
     match all.len() {
         0 => Ok(None),
         1 => all.remove(0).map(Some),
