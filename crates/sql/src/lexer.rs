@@ -74,7 +74,7 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
     let mut out = Vec::new();
     let mut current = Builder::default();
     let mut i = 0;
-    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+    let ident = |b: u8| IDENT[b as usize];
     while i < bytes.len() {
         let b = bytes[i];
         let next = bytes.get(i + 1).copied();
@@ -219,6 +219,19 @@ pub fn lex(text: &str, tokens: &mut impl Tokens) -> Vec<Lexed> {
     out
 }
 
+/// The bytes a word is made of: ASCII letters and digits, `_`, `$` and every byte of a
+/// non-ASCII character. A table: this is asked of every byte of every word.
+static IDENT: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
+        b += 1;
+    }
+    table
+};
+
 fn memchr(bytes: &[u8], from: usize, needle: u8) -> Option<usize> {
     bytes[from..]
         .iter()
@@ -315,9 +328,11 @@ struct Builder {
     start: Option<usize>,
     head: Vec<Range<usize>>,
     literals: Vec<Range<usize>>,
-    /// Operators since the last separator, per open parenthesis (the first is the top level).
-    chains: Vec<usize>,
-    /// Sum of `chains` plus the parentheses open: the current nesting.
+    /// Operators since the last separator in the innermost open parenthesis (or at the top
+    /// level); `outer` holds the chains of the parentheses around it, outermost first.
+    chain: usize,
+    outer: Vec<usize>,
+    /// The chains (`chain` and `outer`) summed, plus the parentheses open: the current nesting.
     depth: usize,
     max_depth: usize,
 }
@@ -332,7 +347,6 @@ impl Builder {
     fn begin(&mut self, at: usize) {
         if self.start.is_none() {
             self.start = Some(at);
-            self.chains = vec![0];
             // Sized once: most statements have as many head words as are kept.
             self.head = Vec::with_capacity(HEAD_WORDS);
         }
@@ -365,32 +379,29 @@ impl Builder {
     }
 
     fn push_operator(&mut self) {
-        if let Some(top) = self.chains.last_mut() {
-            *top += 1;
-            self.depth += 1;
-            self.max_depth = self.max_depth.max(self.depth);
-        }
+        self.chain += 1;
+        self.depth += 1;
+        self.max_depth = self.max_depth.max(self.depth);
     }
 
     fn reset_chain(&mut self) {
-        if let Some(top) = self.chains.last_mut() {
-            self.depth -= *top;
-            *top = 0;
-        }
+        self.depth -= self.chain;
+        self.chain = 0;
     }
 
     fn open(&mut self, at: usize) {
         self.token(at, at + 1);
-        self.chains.push(0);
+        self.outer.push(std::mem::take(&mut self.chain));
         self.depth += 1;
         self.max_depth = self.max_depth.max(self.depth);
     }
 
     fn close(&mut self, at: usize) {
         self.token(at, at + 1);
-        if self.chains.len() > 1 {
-            let chain = self.chains.pop().unwrap_or(0);
-            self.depth -= chain + 1;
+        // A `)` with none open is the engine's to report; it closes nothing here.
+        if let Some(outer) = self.outer.pop() {
+            self.depth -= self.chain + 1;
+            self.chain = outer;
         }
     }
 
