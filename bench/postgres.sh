@@ -161,3 +161,28 @@ TOML
   cat "$dir.log" >&2
   exit 1
 }
+
+# relay_floor_bin -> builds bench/relay_floor (a bare relay, three designs) and sets $relay_bin.
+relay_floor_bin() {
+  local target="${CARGO_TARGET_DIR:-$PWD/target}/relay-floor"
+  echo "== building bench/relay_floor (release)" >&2
+  cargo build --release --quiet --manifest-path bench/relay_floor/Cargo.toml --target-dir "$target"
+  relay_bin="$target/release/relay-floor"
+}
+
+# start_relay MODE PORT: the bare relay (tokio | poll | threads) from PORT to PostgreSQL, in a
+# session of its own; RELAY_WRAPPER (valgrind) runs it if set. Sets $started.
+start_relay() {
+  local mode=$1 port=$2
+  # shellcheck disable=SC2086 # the wrapper is a command with its arguments
+  setsid ${RELAY_WRAPPER:-} "$relay_bin" "$mode" "127.0.0.1:$port" "127.0.0.1:$pg_port" \
+    >/dev/null 2>"$work/relay-$mode-$port.log" &
+  started=$!
+  pids+=("$started")
+  for _ in $(seq 600); do
+    grep -q "listening on" "$work/relay-$mode-$port.log" 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "bench: the $mode relay did not start" >&2
+  exit 1
+}

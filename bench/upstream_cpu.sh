@@ -12,7 +12,8 @@
 # only in interleaved runs: on a shared machine TPS moves with the neighbours).
 #
 # SLUICE_BIN=path uses that binary instead of building one; SLUICE_BASELINE_BIN=path adds a
-# second sluice (an older build) to the table. Needs pgbench, pgbouncer and PostgreSQL's server
+# second sluice (an older build) to the table; RELAYS=1 adds the bare relays of
+# bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), session-like. Needs pgbench, pgbouncer and PostgreSQL's server
 # binaries; loopback only, a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,12 @@ start_upstream_sluice sluice-transaction "$SLUICE_BIN" 6453 transaction; sl_t=$s
 if [ -n "${SLUICE_BASELINE_BIN:-}" ]; then
   start_upstream_sluice baseline "$SLUICE_BASELINE_BIN" 6454 session; base=$started
 fi
+relay_modes=(); relay_pids=()
+if [ -n "${RELAYS:-}" ]; then
+  relay_floor_bin
+  relay_modes=(tokio poll threads)
+  for i in 0 1 2; do start_relay "${relay_modes[$i]}" $((6440 + i)); relay_pids+=("$started"); done
+fi
 
 echo
 echo "CPU per transaction, pgbench -S at $rate TPS ($([ "$rate" = max ] && echo "µs (TPS) a cell" || echo "µs a cell")), $clients clients, ${seconds} s per run, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
@@ -75,8 +82,8 @@ echo
 echo "PgBouncer 1.18 cannot run prepared statements in transaction pooling (pgbench's clients"
 echo "abort): that cell is \"fails\"."
 echo
-echo "| protocol | PgBouncer session µs | sluice session µs |${SLUICE_BASELINE_BIN:+ baseline sluice session µs |} PgBouncer transaction µs | sluice transaction µs | sluice/PgBouncer session | transaction |"
-echo "|---|---|---|${SLUICE_BASELINE_BIN:+---|}---|---|---|---|"
+echo "| protocol | PgBouncer session µs | sluice session µs |${SLUICE_BASELINE_BIN:+ baseline sluice session µs |} PgBouncer transaction µs | sluice transaction µs | sluice/PgBouncer session | transaction |${RELAYS:+ relay tokio µs | relay poll µs | relay threads µs |}"
+echo "|---|---|---|${SLUICE_BASELINE_BIN:+---|}---|---|---|---|${RELAYS:+---|---|---|}"
 for protocol in simple prepared; do
   read -r bs bn < <(cpu_per_xact "$pgb_s" 6450 "$protocol")
   read -r ss sn < <(cpu_per_xact "$sl_s" 6452 "$protocol")
@@ -94,5 +101,10 @@ for protocol in simple prepared; do
     rt=$(awk -v a="$st" -v b="$bt" 'BEGIN {printf "%.2f", a / b}')
   fi
   rs=$(awk -v a="$ss" -v b="$bs" 'BEGIN {printf "%.2f", a / b}')
-  echo "| $protocol | $(cell "$bs" "$bn") | $(cell "$ss" "$sn") |$extra $btc | $(cell "$st" "$tn") | $rs | $rt |"
+  relays=""
+  for i in "${!relay_modes[@]}"; do
+    read -r r rn < <(cpu_per_xact "${relay_pids[$i]}" $((6440 + i)) "$protocol")
+    relays+=" $(cell "$r" "$rn") |"
+  done
+  echo "| $protocol | $(cell "$bs" "$bn") | $(cell "$ss" "$sn") |$extra $btc | $(cell "$st" "$tn") | $rs | $rt |$relays"
 done
