@@ -833,17 +833,18 @@ impl Admission {
         let snapshot = self.shared.snapshot();
         let cpu_scheduled = !settings.no_concurrency_control;
         // Its query slot, then its memory reservation, then its master thread.
-        let slot = snapshot.query_slot();
-        self.wait_for_slots(
-            slot.as_slice(),
-            &guard,
-            &snapshot,
-            &mut workload,
-            &mut attachments,
-            admission_deadline,
-            notices,
-        )
-        .await?;
+        if let Some(slot) = snapshot.query_slot() {
+            self.wait_for_slots(
+                &[slot],
+                &guard,
+                &snapshot,
+                &mut workload,
+                &mut attachments,
+                admission_deadline,
+                notices,
+            )
+            .await?;
+        }
         let memory = self
             .reserve_memory(
                 &guard,
@@ -854,10 +855,10 @@ impl Admission {
                 notices,
             )
             .await?;
-        if cpu_scheduled {
-            let master = snapshot.master();
+        // (No master-thread resource, most often in front of an upstream: no wait at all.)
+        if let Some(master) = snapshot.master().filter(|_| cpu_scheduled) {
             self.wait_for_slots(
-                master.as_slice(),
+                &[master],
                 &guard,
                 &snapshot,
                 &mut workload,

@@ -422,3 +422,30 @@ impl Builder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keywords_are_known_in_any_case_and_only_as_spelled() {
+        for (word, role) in [
+            ("and", Some(WordRole::Operator)),
+            ("Between", Some(WordRole::Operator)),
+            ("INTERSECT", Some(WordRole::Clause)),
+            ("intersect", Some(WordRole::Clause)),
+            ("qualify", Some(WordRole::Clause)),
+            ("intersects", None),
+            ("an", None),
+            ("andy", None),
+            ("se1ect", None),
+            ("_nd", None),
+            ("$nd", None),
+            ("ánd", None),
+            ("", None),
+            ("returning_", None),
+        ] {
+            assert_eq!(word_role(word.as_bytes()), role, "{word}");
+        }
+    }
+}
