@@ -62,10 +62,16 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
         }
     }
     // Keep reading so the server never blocks on a full pipe; keep what reports a panic.
+    // SLUICE_SERVER_STDERR=1 shows all the server says (a panic's backtrace, with
+    // RUST_BACKTRACE=1).
     let panics = Arc::clone(&server.1);
+    let echo = std::env::var_os("SLUICE_SERVER_STDERR").is_some();
     std::thread::spawn(move || {
         let mut after_panic = false;
         for line in lines.map_while(Result::ok) {
+            if echo {
+                eprintln!("[sluice] {line}");
+            }
             let panic = line.contains("panicked at");
             if panic || after_panic {
                 panics.lock().expect("panic lines").push(line);

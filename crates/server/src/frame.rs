@@ -354,6 +354,15 @@ where
 {
     let buffered = socket.read_buffer();
     let &tag = buffered.first()?;
+    // A whole message's body is checked before anything decodes it (pgwire's decoders trust
+    // the counts and lengths in it, and panic past its end).
+    if let Some(frame) = whole_frame(buffered) {
+        if let Some(why) = malformed(frame) {
+            return Some(Err(PgWireError::ApiError(
+                format!("invalid message format: {why}").into(),
+            )));
+        }
+    }
     if raw(tag) {
         if buffered.len() < 5 {
             return None;
@@ -389,6 +398,108 @@ where
     }
 }
 
+/// The first message of `buffered` if all of it is there (type byte, length, body).
+fn whole_frame(buffered: &[u8]) -> Option<&[u8]> {
+    let len = u32::from_be_bytes(buffered.get(1..5)?.try_into().ok()?) as usize;
+    buffered.get(..len.checked_add(1)?)
+}
+
+/// What is wrong with a whole frontend message's body, if anything: each field it must hold,
+/// in order, and nothing after them — PostgreSQL's reading (`pq_getmsg*`, `pq_getmsgend`) of
+/// the messages after start-up. Messages of other types are for their readers to judge.
+pub(crate) fn malformed(frame: &[u8]) -> Option<&'static str> {
+    struct Body<'a>(&'a [u8]);
+    impl Body<'_> {
+        fn take(&mut self, n: usize) -> Option<&[u8]> {
+            if self.0.len() < n {
+                return None;
+            }
+            let (taken, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Some(taken)
+        }
+        fn cstring(&mut self) -> Option<()> {
+            let end = memchr::memchr(0, self.0)?;
+            self.0 = &self.0[end + 1..];
+            Some(())
+        }
+        fn int16(&mut self) -> Option<i16> {
+            self.take(2).map(|b| i16::from_be_bytes([b[0], b[1]]))
+        }
+        fn int32(&mut self) -> Option<i32> {
+            self.take(4)
+                .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        /// A count (an unsigned Int16, as PostgreSQL reads it), then that many of `each`.
+        fn counted(&mut self, mut each: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+            let n = self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))?;
+            (0..n).try_for_each(|_| each(self))
+        }
+        /// A value: its length (-1 for NULL), then its bytes.
+        fn value(&mut self) -> Option<()> {
+            match self.int32()? {
+                -1 => Some(()),
+                n => self.take(usize::try_from(n).ok()?).map(|_| ()),
+            }
+        }
+        fn end(&self) -> Option<()> {
+            self.0.is_empty().then_some(())
+        }
+    }
+    let (&tag, rest) = frame.split_first()?;
+    let Some(body) = rest.get(4..) else {
+        return Some("a message's length counts its own four bytes");
+    };
+    let mut body = Body(body);
+    let read = match tag {
+        b'Q' => body.cstring().and_then(|()| body.end()),
+        b'P' => body
+            .cstring()
+            .and_then(|()| body.cstring())
+            .and_then(|()| body.counted(|b| b.int32().map(|_| ())))
+            .and_then(|()| body.end()),
+        b'B' => body
+            .cstring()
+            .and_then(|()| body.cstring())
+            .and_then(|()| body.counted(|b| b.int16().map(|_| ())))
+            .and_then(|()| body.counted(Body::value))
+            .and_then(|()| body.counted(|b| b.int16().map(|_| ())))
+            .and_then(|()| body.end()),
+        b'D' | b'C' => body
+            .take(1)
+            .filter(|kind| matches!(kind[0], b'S' | b'P'))
+            .map(|_| ())
+            .and_then(|()| body.cstring())
+            .and_then(|()| body.end()),
+        b'E' => body
+            .cstring()
+            .and_then(|()| body.int32().map(|_| ()))
+            .and_then(|()| body.end()),
+        b'F' => body
+            .int32()
+            .and_then(|_| body.counted(|b| b.int16().map(|_| ())))
+            .and_then(|()| body.counted(Body::value))
+            .and_then(|()| body.int16().map(|_| ()))
+            .and_then(|()| body.end()),
+        b'H' | b'S' => body.end(),
+        b'f' => body.cstring().and_then(|()| body.end()),
+        _ => Some(()),
+    };
+    read.is_none().then_some(match tag {
+        b'Q' => "a Query is one string",
+        b'P' => "a Parse is a name, a text, a count of parameter types and each type",
+        b'B' => {
+            "a Bind is a portal, a statement, format codes, values and result formats, each counted"
+        }
+        b'D' => "a Describe is 'S' or 'P' and a name",
+        b'C' => "a Close is 'S' or 'P' and a name",
+        b'E' => "an Execute is a portal and a row count",
+        b'F' => "a FunctionCall is a function, format codes, arguments and a result format",
+        b'f' => "a CopyFail is one string",
+        _ => "this message has no body",
+    })
+}
+
 /// Whether a whole Parse message's statement text is UTF-8 (a malformed one counts as such:
 /// the decoder then says what is wrong with it).
 fn parse_text_is_utf8(frame: &[u8]) -> bool {
@@ -414,6 +525,64 @@ mod tests {
         out.extend_from_slice(&(payload.len() as u32 + 4).to_be_bytes());
         out.extend_from_slice(payload);
         out
+    }
+
+    #[test]
+    fn message_bodies_are_read_as_postgres_reads_them() {
+        use pgwire::messages::extendedquery::{Bind, Close, Describe, Execute, Parse, Sync};
+        use pgwire::messages::simplequery::Query;
+        use pgwire::messages::Message;
+        fn encoded(m: &impl Message) -> Vec<u8> {
+            let mut out = BytesMut::new();
+            m.encode(&mut out).expect("encodes");
+            out.to_vec()
+        }
+        let well_formed = [
+            encoded(&Query::new("SELECT 1".into())),
+            encoded(&Parse::new(Some("s1".into()), "SELECT $1".into(), vec![23])),
+            encoded(&Bind::new(
+                None,
+                Some("s1".into()),
+                vec![0, 1],
+                vec![Some(bytes::Bytes::from_static(b"42")), None],
+                vec![1],
+            )),
+            encoded(&Describe::new(b'S', Some("s1".into()))),
+            encoded(&Close::new(b'P', None)),
+            encoded(&Execute::new(None, 0)),
+            encoded(&Sync::new()),
+            message(b'H', b""),
+            message(b'd', b"anything at all"),
+        ];
+        for frame in &well_formed {
+            assert_eq!(malformed(frame), None, "{frame:?}");
+            // Cut short anywhere, or with a byte more, it is not (a CopyData is any bytes).
+            if frame[0] == b'd' {
+                continue;
+            }
+            for cut in 5..frame.len() {
+                assert!(
+                    malformed(&message(frame[0], &frame[5..cut])).is_some(),
+                    "{frame:?} cut at {cut}"
+                );
+            }
+            let mut longer = frame[5..].to_vec();
+            longer.push(0);
+            assert!(
+                malformed(&message(frame[0], &longer)).is_some(),
+                "{frame:?} + 1"
+            );
+        }
+        // What the fuzzer found: a length short of its own four bytes, a Parse that counts
+        // more parameter types than it holds.
+        assert!(malformed(b"P\0\0\0\x03").is_some());
+        assert!(malformed(&message(b'P', b"\0SELECT 1\0\0\x05")).is_some());
+        // A value length below -1; a Describe of neither kind.
+        let mut bind = b"\0\0\0\0\0\x01".to_vec();
+        bind.extend_from_slice(&(-2i32).to_be_bytes());
+        bind.extend_from_slice(b"\0\0");
+        assert!(malformed(&message(b'B', &bind)).is_some());
+        assert!(malformed(&message(b'D', b"Xs1\0")).is_some());
     }
 
     #[test]

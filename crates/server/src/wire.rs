@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
-use pgwire::error::ErrorInfo;
+use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use pgwire::tokio::server::{
     negotiate_tls, process_error, process_message, MaybeTls, PgWireMessageServerCodec,
@@ -184,7 +184,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                 break;
             }
             Some(Err(e)) => {
-                fatal_protocol_violation(&mut socket, format!("invalid message: {e}")).await;
+                let says = match e {
+                    // What `frame::malformed` found: said as it is.
+                    PgWireError::ApiError(why) => why.to_string(),
+                    e => format!("invalid message: {e}"),
+                };
+                fatal_protocol_violation(&mut socket, says).await;
                 break;
             }
             None => break,
