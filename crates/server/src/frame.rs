@@ -354,15 +354,6 @@ where
 {
     let buffered = socket.read_buffer();
     let &tag = buffered.first()?;
-    // A whole message's body is checked before anything decodes it (pgwire's decoders trust
-    // the counts and lengths in it, and panic past its end).
-    if let Some(frame) = whole_frame(buffered) {
-        if let Some(why) = malformed(frame) {
-            return Some(Err(PgWireError::ApiError(
-                format!("invalid message format: {why}").into(),
-            )));
-        }
-    }
     if raw(tag) {
         if buffered.len() < 5 {
             return None;
@@ -387,6 +378,12 @@ where
             )));
         }
     }
+    // A whole message's body is checked before pgwire decodes it (its decoders trust the
+    // counts and lengths in it, and panic past its end). A message read whole is passed on
+    // as bytes: the upstream judges it (or `checked` does, before sluice decodes one).
+    if let Some(Err(e)) = whole_frame(socket.read_buffer()).map(checked) {
+        return Some(Err(e));
+    }
     // The codec and the bytes are both the socket's: the buffer is lent to it.
     let mut bytes = std::mem::take(socket.read_buffer_mut());
     let decoded = socket.codec_mut().decode(&mut bytes);
@@ -395,6 +392,17 @@ where
         Ok(Some(message)) => Some(Ok(Incoming::Message(message))),
         Ok(None) => None,
         Err(e) => Some(Err(e)),
+    }
+}
+
+/// Nothing, if [`malformed`] finds nothing wrong with `frame`; else the error that says what
+/// (`FATAL 08P01` when the connection loop sends it).
+pub(crate) fn checked(frame: &[u8]) -> Result<(), PgWireError> {
+    match malformed(frame) {
+        None => Ok(()),
+        Some(why) => Err(PgWireError::ApiError(
+            format!("invalid message format: {why}").into(),
+        )),
     }
 }
 

@@ -45,7 +45,7 @@ use pgwire::api::{
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::copy::CopyData;
-use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_PORTAL};
+use pgwire::messages::extendedquery::{Describe, Execute, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::startup::{Authentication, BackendKeyData, ParameterStatus};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
@@ -1049,6 +1049,20 @@ impl ExtendedQueryHandler for Connection {
             .describe_fields(&stmt.statement, |_| FieldFormat::Text)
             .await?;
         Ok(DescribeStatementResponse::new(params, fields))
+    }
+
+    async fn on_execute<C>(&self, client: &mut C, mut message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        // A row limit of zero or less is none, as PostgreSQL reads it (pgwire takes the
+        // number as a count of rows to make room for: a negative one panicked the
+        // connection's thread; found by the wire fuzzer).
+        message.max_rows = message.max_rows.max(0);
+        self._on_execute(client, message).await
     }
 
     async fn do_describe_portal<C>(

@@ -214,6 +214,10 @@ pub async fn process_connection<H: PgWireServerHandlers>(
                         if forwarder.skips_to_sync() {
                             continue;
                         }
+                        if let Err(e) = crate::frame::checked(&frame) {
+                            fatal_protocol_violation(&mut socket, e.to_string()).await;
+                            break;
+                        }
                         match socket.codec_mut().decode(&mut frame) {
                             Ok(Some(message)) => message,
                             _ => break,
