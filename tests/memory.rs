@@ -44,3 +44,44 @@ fn memory_is_given_back_after_a_big_aggregate() {
         began.elapsed()
     );
 }
+
+/// A big answer in the extended protocol (what drivers use for statements with parameters) is
+/// streamed to the client as the simple protocol's is, never held whole: pgwire's Execute
+/// gathered every row first (5 million rows took RSS from 82 to 852 MB; streamed, 95).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_protocol_answer_is_streamed_not_held() {
+    use futures::TryStreamExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let server = common::start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
+    let pid = server.0.id();
+    let (client, connection) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=bench dbname=bench"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connects");
+    tokio::spawn(connection);
+    client.simple_query("SELECT 1").await.expect("warm");
+    let start = common::status_mb(pid, "VmRSS:");
+    // 2 million rows of ~45 bytes each: held whole, ~300 MB.
+    let rows = client
+        .query_raw(
+            "SELECT g, 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' AS s \
+             FROM generate_series(1, 2000000) AS t(g) WHERE g > $1",
+            [0i64],
+        )
+        .await
+        .expect("runs");
+    let counted = rows
+        .try_fold(0u64, |n, _| async move { Ok(n + 1) })
+        .await
+        .expect("streams");
+    assert_eq!(counted, 2_000_000);
+    let peak = common::status_mb(pid, "VmHWM:");
+    assert!(
+        peak < start + 120.0,
+        "RSS went from {start:.0} MB to a peak of {peak:.0} MB: the answer was held, not streamed"
+    );
+    eprintln!("RSS: start {start:.0} MB, peak {peak:.0} MB");
+}

@@ -194,8 +194,12 @@ struct PgSleep;
 impl RowAction for PgSleep {
     async fn run(&self, argument: ScalarValue) {
         if let ScalarValue::Float64(Some(s)) = argument {
-            if s.is_finite() && s > 0.0 {
-                tokio::time::sleep(Duration::from_secs_f64(s)).await;
+            if s > 0.0 {
+                // Past what a Duration holds (or infinite): until the statement is stopped, as
+                // PostgreSQL sleeps (a plain conversion panicked the engine thread; found by
+                // the wire fuzzer).
+                let long = Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+                tokio::time::sleep(long).await;
             }
         }
     }

@@ -303,6 +303,23 @@ async fn pg_sleep_sleeps_in_virtual_time() {
     assert!(start.elapsed() >= Duration::from_secs(2));
 }
 
+#[tokio::test(start_paused = true)]
+async fn pg_sleep_past_what_a_duration_holds_sleeps_until_stopped() {
+    let s = Embedded::on(tokio::runtime::Handle::current(), 1 << 30)
+        .expect("engine starts")
+        .embedded_session();
+    // A year of virtual time passes and it still sleeps (it panicked the engine thread).
+    let year = Duration::from_secs(365 * 24 * 3600);
+    for seconds in ["99999999999999999999999999.1", "'Infinity'::float8"] {
+        let sql = format!("SELECT pg_sleep({seconds})");
+        let sleeping = run(&s, &sql);
+        assert!(
+            tokio::time::timeout(year, sleeping).await.is_err(),
+            "pg_sleep({seconds}) returned"
+        );
+    }
+}
+
 #[test]
 fn command_tags() {
     use crate::compat::command_tag;

@@ -67,6 +67,7 @@ use crate::settings::startup_settings;
 use crate::state::Shared;
 use crate::watch::ClientWatch;
 
+mod execute;
 mod startup;
 
 use crate::admit::{Admission, Admitted, ClientNotices, Held, Stop};
@@ -1051,18 +1052,14 @@ impl ExtendedQueryHandler for Connection {
         Ok(DescribeStatementResponse::new(params, fields))
     }
 
-    async fn on_execute<C>(&self, client: &mut C, mut message: Execute) -> PgWireResult<()>
+    async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        // A row limit of zero or less is none, as PostgreSQL reads it (pgwire takes the
-        // number as a count of rows to make room for: a negative one panicked the
-        // connection's thread; found by the wire fuzzer).
-        message.max_rows = message.max_rows.max(0);
-        self._on_execute(client, message).await
+        execute::execute(self, client, message).await
     }
 
     async fn do_describe_portal<C>(
