@@ -153,12 +153,17 @@ TOML
     --data-dir "$dir/data" >/dev/null 2>"$dir.log" &
   started=$!
   pids+=("$started")
+  wait_for_listening "$dir.log" "sluice ($name)"
+}
+
+# wait_for_listening LOG WHAT: until LOG says "listening on" (60 s), else says WHAT did not start.
+wait_for_listening() {
   for _ in $(seq 600); do
-    grep -q "listening on" "$dir.log" 2>/dev/null && return
+    grep -q "listening on" "$1" 2>/dev/null && return
     sleep 0.1
   done
-  echo "bench: sluice ($name) did not start" >&2
-  cat "$dir.log" >&2
+  echo "bench: $2 did not start" >&2
+  cat "$1" >&2
   exit 1
 }
 
@@ -179,10 +184,5 @@ start_relay() {
     >/dev/null 2>"$work/relay-$mode-$port.log" &
   started=$!
   pids+=("$started")
-  for _ in $(seq 600); do
-    grep -q "listening on" "$work/relay-$mode-$port.log" 2>/dev/null && return
-    sleep 0.1
-  done
-  echo "bench: the $mode relay did not start" >&2
-  exit 1
+  wait_for_listening "$work/relay-$mode-$port.log" "the $mode relay"
 }
