@@ -307,7 +307,9 @@ fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
                 let value = rest
                     .strip_prefix('=')
                     .or_else(|| {
-                        (rest.len() > 2 && rest[..2].eq_ignore_ascii_case("TO"))
+                        // Bytes, not a slice of the text: its third byte may sit inside a
+                        // character (found by the wire fuzzer).
+                        (rest.len() > 2 && rest.as_bytes()[..2].eq_ignore_ascii_case(b"TO"))
                             .then(|| &rest[2..])
                             .filter(|v| v.starts_with(|c: char| c.is_whitespace() || c == '\''))
                     })
@@ -915,6 +917,12 @@ mod tests {
             set("workload", Some("dev"), false)
         );
         assert_eq!(one("SET workload TO DEFAULT"), set("workload", None, false));
+        // A value that starts with a character of more than one byte (a client's invalid
+        // UTF-8 arrives as U+FFFD): read as it is, no panic.
+        assert_eq!(
+            one("SET workload \u{fffd} 'x'"),
+            set("workload", Some("\u{fffd} 'x"), false)
+        );
         assert_eq!(one("RESET workload"), set("workload", None, true));
         assert_eq!(
             one("SET application_name='psql'"),
