@@ -500,14 +500,10 @@ fn a_limit_holds_across_the_fleet_and_no_capacity_is_stranded() {
 
 /// A client of the node at `port`, its connection driven in the background.
 async fn connect(port: u16) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
-        tokio_postgres::NoTls,
-    )
+    common::client(&format!(
+        "host=127.0.0.1 port={port} user=fleet dbname=fleet"
+    ))
     .await
-    .expect("connects");
-    tokio::spawn(connection);
-    client
 }
 
 /// Runs `clients` clients spread over `ports` until `deadline`, each `SELECT pg_sleep(0.02)`

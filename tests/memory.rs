@@ -55,13 +55,10 @@ async fn an_extended_protocol_answer_is_streamed_not_held() {
     let port = common::free_port();
     let server = common::start(dir.path(), &["--listen", &format!("127.0.0.1:{port}")]);
     let pid = server.0.id();
-    let (client, connection) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=bench dbname=bench"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("connects");
-    tokio::spawn(connection);
+    let client = common::client(&format!(
+        "host=127.0.0.1 port={port} user=bench dbname=bench"
+    ))
+    .await;
     client.simple_query("SELECT 1").await.expect("warm");
     let start = common::status_mb(pid, "VmRSS:");
     // 2 million rows of ~45 bytes each: held whole, ~300 MB.

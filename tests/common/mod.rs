@@ -82,6 +82,15 @@ pub fn start(dir: &std::path::Path, args: &[&str]) -> Server {
     server
 }
 
+/// A tokio-postgres client for `conninfo` (no TLS), its connection driven in the background.
+pub async fn client(conninfo: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connects ({conninfo}): {e}"));
+    tokio::spawn(connection);
+    client
+}
+
 /// Runs psql against `port` as `user` on `database` (with `password`, if any), one command
 /// per `-c`, stopping at the first error; returns what it printed (panics on failure).
 pub fn psql_at(

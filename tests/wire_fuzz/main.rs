@@ -179,13 +179,10 @@ const CI_SEED: u64 = 20_261_206;
 async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
     let addr = format!("127.0.0.1:{port}").parse().expect("address");
     let target = std::sync::Arc::new(Target::new(addr, "fuzz", "fuzz", FUZZ_PASSWORD));
-    let (watcher, connection) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=admin password={ADMIN_PASSWORD} dbname=fuzz"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("the watcher connects");
-    tokio::spawn(connection);
+    let watcher = common::client(&format!(
+        "host=127.0.0.1 port={port} user=admin password={ADMIN_PASSWORD} dbname=fuzz"
+    ))
+    .await;
     let secs: u64 = std::env::var("SLUICE_WIRE_FUZZ_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

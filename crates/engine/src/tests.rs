@@ -291,12 +291,16 @@ async fn constant_answers_are_kept_and_table_answers_are_not() {
     assert!(!kept_rows(q).await);
 }
 
+/// A session whose engine runs on the test's own runtime (a paused clock, in a paused test).
+fn session_on_this_runtime() -> crate::embedded::EmbeddedSession {
+    Embedded::on(tokio::runtime::Handle::current(), 1 << 30)
+        .expect("engine starts")
+        .embedded_session()
+}
+
 #[tokio::test(start_paused = true)]
 async fn pg_sleep_sleeps_in_virtual_time() {
-    // On the test's own runtime, whose clock is paused.
-    let s = Embedded::on(tokio::runtime::Handle::current(), 1 << 30)
-        .expect("engine starts")
-        .embedded_session();
+    let s = session_on_this_runtime();
     let start = tokio::time::Instant::now();
     let rows = run(&s, "SELECT pg_sleep(2)").await.expect("runs");
     assert!(rows.is_ok());
@@ -305,9 +309,7 @@ async fn pg_sleep_sleeps_in_virtual_time() {
 
 #[tokio::test(start_paused = true)]
 async fn pg_sleep_past_what_a_duration_holds_sleeps_until_stopped() {
-    let s = Embedded::on(tokio::runtime::Handle::current(), 1 << 30)
-        .expect("engine starts")
-        .embedded_session();
+    let s = session_on_this_runtime();
     // A year of virtual time passes and it still sleeps (it panicked the engine thread).
     let year = Duration::from_secs(365 * 24 * 3600);
     for seconds in ["99999999999999999999999999.1", "'Infinity'::float8"] {
