@@ -83,6 +83,16 @@ pub(crate) struct StatementMemo {
     text: std::sync::OnceLock<Arc<str>>,
 }
 
+impl StatementMemo {
+    /// A memo whose fingerprint is known already (a text read as one seen before).
+    pub(crate) fn with_fingerprint(fingerprint: Arc<sluice_sql::Fingerprint>) -> StatementMemo {
+        StatementMemo {
+            fingerprint: fingerprint.into(),
+            text: std::sync::OnceLock::new(),
+        }
+    }
+}
+
 /// What `slot` keeps (made now if it is empty), or, without a slot, `make`'s.
 fn kept<T: Clone>(slot: Option<&std::sync::OnceLock<T>>, make: impl FnOnce() -> T) -> T {
     match slot {

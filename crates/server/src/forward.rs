@@ -220,6 +220,8 @@ pub struct Forwarder {
     /// start-up, then as its own `SET`s change them): each connection it gets is given them
     /// ([`UpstreamConnection::apply_session`]).
     wanted: Option<Vec<(String, String)>>,
+    /// The simple Queries read so far, by their integer shape ([`Shapes`]).
+    shapes: Shapes,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -265,6 +267,7 @@ impl Forwarder {
             hold_answers: false,
             pool: None,
             wanted: None,
+            shapes: Shapes::default(),
         }
     }
 

@@ -485,6 +485,71 @@ async fn clients_get_what_they_get_going_direct() {
     assert_eq!(column(&through, "SHOW server_version").await, version);
 }
 
+/// A simple Query sent again with new integers is read once (`Shapes`): each run still goes
+/// upstream as its own text, is logged as its own text under one fingerprint, and what only
+/// looks alike (another kind of statement, sluice's own, a SETTINGS tail) is read anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_repeated_with_new_integers_runs_as_written() {
+    let s = setup(PoolMode::Session, 2).await;
+    let through = s.through().await;
+    for n in [1, 22, 333] {
+        assert_eq!(
+            simple(&through, &format!("SELECT {n} AS shaped, {n} + 1 AS next;")).await,
+            [
+                "columns [\"shaped\", \"next\"]".to_string(),
+                format!("row [Some(\"{n}\"), Some(\"{}\")]", n + 1),
+                "complete 1".to_string(),
+            ]
+        );
+    }
+    let logged = column(
+        &through,
+        "SELECT query || ' ' || fingerprint FROM system.query_log \
+         WHERE query LIKE '%AS shaped%' ORDER BY arrived",
+    )
+    .await;
+    let fingerprint = sluice_sql::fingerprint("SELECT 1 AS shaped, 1 + 1 AS next").id;
+    assert_eq!(
+        logged,
+        [1, 22, 333].map(|n| format!("SELECT {n} AS shaped, {n} + 1 AS next {fingerprint}"))
+    );
+    // The same shape with a SETTINGS tail: the tail is read (and cut) as always.
+    query_tree(&through, 1).await;
+    assert_eq!(
+        column(
+            &through,
+            "SELECT 4 AS shaped, 4 + 1 AS next SETTINGS workload = 'all'"
+        )
+        .await,
+        ["4"]
+    );
+    assert_eq!(
+        column(
+            &through,
+            "SELECT workload FROM system.query_log WHERE query LIKE 'SELECT 4 AS shaped%'"
+        )
+        .await,
+        ["all"]
+    );
+    // A signal is sluice's own by its pid: one too large for a pid goes upstream (which has
+    // no pg_cancel_backend(bigint)), a pid is answered by sluice, whatever came before.
+    let e = through
+        .simple_query("SELECT pg_cancel_backend(99999999999)")
+        .await
+        .expect_err("refused upstream");
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("42883"));
+    assert_eq!(column(&through, "SELECT pg_cancel_backend(7)").await, ["f"]);
+    assert_eq!(
+        column(
+            &through,
+            "SELECT query FROM system.query_log WHERE query LIKE 'SELECT pg_cancel%'"
+        )
+        .await,
+        ["SELECT pg_cancel_backend(99999999999)"],
+        "only the forwarded one is logged"
+    );
+}
+
 #[tokio::test]
 async fn transaction_pooling_shares_connections_and_leaks_nothing() {
     let s = setup(PoolMode::Transaction, 1).await;

@@ -47,7 +47,7 @@ pub use parser::{
     split_settings, QueryMarkup, ScriptStatement,
 };
 pub use statement::{
-    only_statement, statement, statements, statements_with_text, CopyFormat, KillMode, Query,
-    Statement as ClientStatement, StatementKind, TransactionControl, MAX_NESTING,
+    integer_shape, only_statement, statement, statements, statements_with_text, CopyFormat,
+    KillMode, Query, Statement as ClientStatement, StatementKind, TransactionControl, MAX_NESTING,
 };
 pub use tags::tags;

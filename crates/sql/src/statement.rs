@@ -233,6 +233,66 @@ pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statemen
     }
 }
 
+/// A key under which what [`statements`] makes of `text` can be kept for the next text that
+/// differs from it only in the values of integer literals (`… WHERE id = 42`, sent again with
+/// another id): `text` with each integer literal replaced by a NUL, written into `key`.
+/// `false`, and no key, where a digit could mean more than a number's value: a text with a
+/// quote of any kind, a comment, a `$` or a backslash (a digit inside them is no literal), or
+/// naming what [`classify`] reads a number of (`pg_cancel_backend(pid)`, whose pid decides
+/// whether the statement is sluice's; a `SETTINGS` tail's values).
+///
+/// Two texts with one key lex alike token for token but for those integers, so they split
+/// into the same statements, each classified alike: a [`Statement::Query`] of one is a query
+/// of the other with the same kind, nesting and fingerprint. Only its text and literal spans
+/// differ.
+pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
+    let bytes = text.as_bytes();
+    key.clear();
+    let word_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match b {
+            b'\'' | b'"' | b'`' | b'$' | b'\\' => return false,
+            b'-' if bytes.get(i + 1) == Some(&b'-') => return false,
+            b'/' if bytes.get(i + 1) == Some(&b'*') => return false,
+            b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+                // The lexer's number is this run exactly only when nothing joins it to a
+                // word, a fraction or an exponent (`1.5`, `.5`, `1e5`, `0x1F`, `1_000` stay).
+                let joined = |b: Option<&u8>| b.is_some_and(|&b| word_byte(b) || b == b'.');
+                if joined(start.checked_sub(1).map(|p| &bytes[p])) || joined(bytes.get(i)) {
+                    key.extend_from_slice(&bytes[start..i]);
+                } else {
+                    key.push(0);
+                }
+            }
+            _ if word_byte(b) => {
+                let start = i;
+                while i < bytes.len() && word_byte(bytes[i]) {
+                    i += 1;
+                }
+                let word = &bytes[start..i];
+                if ["settings", "pg_cancel_backend", "pg_terminate_backend"]
+                    .iter()
+                    .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+                {
+                    return false;
+                }
+                key.extend_from_slice(word);
+            }
+            _ => {
+                key.push(b);
+                i += 1;
+            }
+        }
+    }
+    true
+}
+
 /// Routes one lexed statement (see [`Statement`]).
 fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {
     let source = text[lexed.span.clone()].trim_end();
@@ -727,6 +787,60 @@ fn unquote(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn texts_with_one_integer_shape_differ_only_in_integers() {
+        let shape = |text: &str| {
+            let mut key = Vec::new();
+            integer_shape(text, &mut key).then(|| String::from_utf8(key).expect("UTF-8"))
+        };
+        let same = [
+            (
+                "SELECT a FROM t WHERE id = 5;",
+                "SELECT a FROM t WHERE id = 123456;",
+            ),
+            ("select x+1 from t limit 10", "select x+22 from t limit 3"),
+            ("SELECT * FROM t WHERE ü = 1", "SELECT * FROM t WHERE ü = 2"),
+        ];
+        for (a, b) in same {
+            assert!(shape(a).is_some(), "{a}");
+            assert_eq!(shape(a), shape(b), "{a} / {b}");
+            // And the reading agrees: one query, of one kind.
+            let (Ok(Statement::Query(qa)), Ok(Statement::Query(qb))) = (
+                statement(a).map(Option::unwrap),
+                statement(b).map(Option::unwrap),
+            ) else {
+                panic!("{a} / {b}: queries");
+            };
+            assert_eq!((qa.kind, qa.nesting), (qb.kind, qb.nesting));
+        }
+        let differ = [
+            ("SELECT 1.5", "SELECT 1.7"),
+            ("SELECT .5", "SELECT .7"),
+            ("SELECT 1e5", "SELECT 1e6"),
+            ("SELECT 0x1F", "SELECT 0x2F"),
+            ("SELECT t1 FROM t", "SELECT t2 FROM t"),
+            ("SELECT t.c1", "SELECT t.c2"),
+        ];
+        for (a, b) in differ {
+            assert_ne!(shape(a), shape(b), "{a} / {b}");
+        }
+        for text in [
+            "SELECT '1'",
+            "SELECT \"c1\"",
+            "SELECT `c1`",
+            "SELECT $1",
+            "SELECT $$1$$",
+            "SELECT 1 -- 2",
+            "SELECT 1 /* 2 */",
+            "SELECT E'\\1'",
+            "SELECT 1 SETTINGS max_threads = 2",
+            "SELECT pg_cancel_backend(12)",
+            "select PG_TERMINATE_BACKEND(99999999999)",
+        ] {
+            assert_eq!(shape(text), None, "{text}");
+        }
+    }
 
     fn texts(sql: &str) -> Vec<&str> {
         split(sql).into_iter().map(|l| &sql[l.span]).collect()

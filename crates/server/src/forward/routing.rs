@@ -130,6 +130,107 @@ pub(super) fn utility(text: &str) -> Query {
 /// (`None`: it is sluice's own).
 pub(super) type Piece = (std::ops::Range<usize>, Option<Forwarded>);
 
+/// How the simple Queries a client sends again with new integers were read: by the text's
+/// [`sluice_sql::integer_shape`], what its one forwarded statement is, so that the next text
+/// of that shape (`… WHERE id = 42`, then `43`: most of a client's traffic, often) is not
+/// lexed and classified again. Only a text of one `SELECT`, `INSERT`, `UPDATE` or `DELETE`
+/// without a `SETTINGS` tail is kept: its reading holds for every text of its shape (see
+/// `integer_shape`; a text sluice answers itself, or one that did not read, is read anew).
+#[derive(Default)]
+pub(super) struct Shapes {
+    read: HashMap<Vec<u8>, Arc<Shape>, foldhash::fast::RandomState>,
+    /// The key of the text at hand, built in place (a text seen before allocates none).
+    key: Vec<u8>,
+}
+
+/// A forwarded statement as [`Shapes`] keeps it.
+struct Shape {
+    kind: StatementKind,
+    nesting: usize,
+    changes_session: bool,
+    /// What comes before and after the statement's own text (whitespace, a `;`): the same in
+    /// every text of the shape, as it holds no digit.
+    lead: usize,
+    trail: usize,
+    fingerprint: Arc<sluice_sql::Fingerprint>,
+}
+
+/// Shapes a client keeps at most (then they are forgotten and read anew), and the longest
+/// text kept: the memo is for the statements a client repeats.
+const SHAPES_KEPT: usize = 64;
+const SHAPE_TEXT_MAX: usize = 4096;
+
+impl Shapes {
+    /// [`query_pieces`] of `text`, from what a text of its shape was read as when there was one.
+    pub(super) fn pieces(&mut self, text: &str) -> Option<Vec<Piece>> {
+        if text.len() > SHAPE_TEXT_MAX || !sluice_sql::integer_shape(text, &mut self.key) {
+            return query_pieces(text);
+        }
+        if let Some(shape) = self.read.get(self.key.as_slice()) {
+            let query = Query {
+                text: text[shape.lead..text.len() - shape.trail].to_string(),
+                settings: Vec::new(),
+                kind: shape.kind,
+                // Only fingerprints read them, and the fingerprint is known.
+                literals: Vec::new(),
+                nesting: shape.nesting,
+            };
+            let forwarded = Forwarded {
+                sql: text.to_string(),
+                query,
+                changes_session: shape.changes_session,
+                memo: StatementMemo::with_fingerprint(shape.fingerprint.clone()),
+            };
+            return Some(vec![(0..text.len(), Some(forwarded))]);
+        }
+        let pieces = query_pieces(text);
+        if let Some(shape) = pieces.as_deref().and_then(|p| Shape::of(text, p)) {
+            if self.read.len() >= SHAPES_KEPT {
+                self.read.clear();
+            }
+            self.read.insert(self.key.clone(), Arc::new(shape));
+        }
+        pieces
+    }
+}
+
+impl Shape {
+    /// What a text read as `pieces` keeps for its shape, if it is a text kept.
+    fn of(text: &str, pieces: &[Piece]) -> Option<Shape> {
+        let [(_, Some(forwarded))] = pieces else {
+            return None;
+        };
+        let query = &forwarded.query;
+        let kept_kind = matches!(
+            query.kind,
+            StatementKind::Select
+                | StatementKind::Insert
+                | StatementKind::Update
+                | StatementKind::Delete
+        );
+        if !kept_kind || !query.settings.is_empty() || forwarded.sql != text {
+            return None;
+        }
+        let lead = text.len() - text.trim_start().len();
+        let trail = text.len().checked_sub(lead + query.text.len())?;
+        if !text[lead..].starts_with(query.text.as_str())
+            || text[text.len() - trail..]
+                .bytes()
+                .any(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        Some(Shape {
+            kind: query.kind,
+            nesting: query.nesting,
+            changes_session: forwarded.changes_session,
+            lead,
+            trail,
+            fingerprint: Arc::new(sluice_sql::fingerprint(&query.text)),
+        })
+    }
+}
+
 /// A simple Query's statements, each with what is forwarded of it (`None`: sluice's own);
 /// `None` when every one is sluice's (sluice answers the whole text).
 pub(super) fn query_pieces(text: &str) -> Option<Vec<Piece>> {
@@ -333,7 +434,7 @@ impl Forwarder {
                 if let Some(name) = self.pooled_deallocate(&q.query) {
                     Step::Deallocate { name }
                 } else {
-                    match query_pieces(&q.query) {
+                    match self.shapes.pieces(&q.query) {
                         Some(pieces) => Step::Query {
                             text: q.query,
                             pieces,
@@ -475,7 +576,12 @@ impl Forwarder {
                 if let Some(name) = self.pooled_deallocate(&text) {
                     return RoutedRaw::Upstream(Step::Deallocate { name });
                 }
-                match query_pieces(&text) {
+                let pieces = if utf8 {
+                    self.shapes.pieces(&text)
+                } else {
+                    query_pieces(&text)
+                };
+                match pieces {
                     Some(pieces) => {
                         let text = text.into_owned();
                         RoutedRaw::Upstream(Step::Query {
