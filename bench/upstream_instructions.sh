@@ -12,6 +12,8 @@
 # PGBOUNCER=1 adds PgBouncer's count (session pooling; needs pgbouncer). RELAYS=1 adds the
 # bare relays of bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), the
 # floor of each design a forwarding core could be built on.
+# POOL_MODE=transaction measures sluice in transaction pooling (a connection lent and given
+# back at each transaction; PgBouncer's and the relays' figures stay session pooling's).
 # KEEP_PROFILES=dir keeps each run's callgrind output there (dir/NAME-PROTOCOL.out, NAME the
 # binary's file name), for `callgrind_annotate --inclusive=yes`.
 # Needs valgrind, pgbench and PostgreSQL's server binaries; loopback only, a temp dir.
@@ -20,6 +22,7 @@ cd "$(dirname "$0")/.."
 . bench/postgres.sh
 
 per_client="${1:-1000}"
+pool_mode="${POOL_MODE:-session}"
 clients=4
 need_tools pgbench initdb pg_ctl valgrind callgrind_control
 bench_dir
@@ -55,7 +58,7 @@ counted() {
 instructions() {
   local bin=$1 protocol=$2 out="$work/callgrind.$RANDOM"
   SLUICE_WRAPPER="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$out" \
-    start_upstream_sluice "cg-$RANDOM" "$bin" 6455 session
+    start_upstream_sluice "cg-$RANDOM" "$bin" 6455 "$pool_mode"
   counted "$started" 6455 "$protocol" "$out" "$(basename "$bin")" '-c workload=bench'
 }
 
@@ -84,7 +87,7 @@ pgbouncer_instructions() {
 }
 
 echo
-echo "sluice's user-space instructions per transaction (callgrind), pgbench -S, $clients clients × $per_client transactions, session pooling, $(date -u +%Y-%m-%d)"
+echo "sluice's user-space instructions per transaction (callgrind), pgbench -S, $clients clients × $per_client transactions, $pool_mode pooling, $(date -u +%Y-%m-%d)"
 echo
 [ -n "${RELAYS:-}" ] && relay_floor_bin
 echo "| protocol | sluice |${SLUICE_BASELINE_BIN:+ baseline | sluice/baseline |}${PGBOUNCER:+ PgBouncer | sluice/PgBouncer |}${RELAYS:+ relay tokio | relay poll | relay threads |}"

@@ -734,7 +734,7 @@ impl Forwarder {
             });
             match pool.checkout().await {
                 Ok(mut lent) => {
-                    if self.upstream.parameters().is_empty() {
+                    if !self.upstream.knows_parameters() {
                         self.upstream.note_parameters(&lent);
                     }
                     // What this client changes is followed from here (`mark`, `translate`).

@@ -248,50 +248,93 @@ pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statemen
 pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
     let bytes = text.as_bytes();
     key.clear();
-    let word_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+    // The bytes up to `copied` are in `key` already: what lies between integers is copied
+    // whole (this runs on every simple Query a forwarding client sends).
+    let mut copied = 0;
     let mut i = 0;
     while i < bytes.len() {
-        let b = bytes[i];
-        match b {
-            b'\'' | b'"' | b'`' | b'$' | b'\\' => return false,
-            b'-' if bytes.get(i + 1) == Some(&b'-') => return false,
-            b'/' if bytes.get(i + 1) == Some(&b'*') => return false,
-            b'0'..=b'9' => {
+        match SHAPE_CLASS[bytes[i] as usize] {
+            ShapeClass::Other => i += 1,
+            ShapeClass::Refused => return false,
+            ShapeClass::Dash if bytes.get(i + 1) == Some(&b'-') => return false,
+            ShapeClass::Slash if bytes.get(i + 1) == Some(&b'*') => return false,
+            ShapeClass::Dash | ShapeClass::Slash => i += 1,
+            ShapeClass::Word => {
                 let start = i;
-                while i < bytes.len() && bytes[i].is_ascii_digit() {
-                    i += 1;
-                }
-                // The lexer's number is this run exactly only when nothing joins it to a
-                // word, a fraction or an exponent (`1.5`, `.5`, `1e5`, `0x1F`, `1_000` stay).
-                let joined = |b: Option<&u8>| b.is_some_and(|&b| word_byte(b) || b == b'.');
-                if joined(start.checked_sub(1).map(|p| &bytes[p])) || joined(bytes.get(i)) {
-                    key.extend_from_slice(&bytes[start..i]);
-                } else {
-                    key.push(0);
-                }
-            }
-            _ if word_byte(b) => {
-                let start = i;
-                while i < bytes.len() && word_byte(bytes[i]) {
-                    i += 1;
-                }
-                let word = &bytes[start..i];
-                if ["settings", "pg_cancel_backend", "pg_terminate_backend"]
+                i += bytes[i..]
                     .iter()
-                    .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+                    .position(|&b| !SHAPE_CLASS[b as usize].in_word())
+                    .unwrap_or(bytes.len() - i);
+                let word = &bytes[start..i];
+                if matches!(word.len(), 8 | 17 | 20)
+                    && ["settings", "pg_cancel_backend", "pg_terminate_backend"]
+                        .iter()
+                        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
                 {
                     return false;
                 }
-                key.extend_from_slice(word);
             }
-            _ => {
-                key.push(b);
-                i += 1;
+            ShapeClass::Digit => {
+                let start = i;
+                i += bytes[i..]
+                    .iter()
+                    .position(|b| !b.is_ascii_digit())
+                    .unwrap_or(bytes.len() - i);
+                // The lexer's number is this run exactly only when nothing joins it to a
+                // word, a fraction or an exponent (`1.5`, `.5`, `1e5`, `0x1F`, `1_000` stay;
+                // a word before it would have taken it in).
+                let joined = |b: Option<&u8>| {
+                    b.is_some_and(|&b| b == b'.' || SHAPE_CLASS[b as usize].in_word())
+                };
+                if !joined(start.checked_sub(1).map(|p| &bytes[p])) && !joined(bytes.get(i)) {
+                    key.extend_from_slice(&bytes[copied..start]);
+                    key.push(0);
+                    copied = i;
+                }
             }
         }
     }
+    key.extend_from_slice(&bytes[copied..]);
     true
 }
+
+/// What a byte is to [`integer_shape`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ShapeClass {
+    Other,
+    /// A quote, `$` or a backslash: no shape.
+    Refused,
+    /// `-` (`--` starts a comment), `/` (`/*` does).
+    Dash,
+    Slash,
+    /// A letter, `_` or a byte of a non-ASCII character: a word starts.
+    Word,
+    Digit,
+}
+
+impl ShapeClass {
+    fn in_word(self) -> bool {
+        matches!(self, ShapeClass::Word | ShapeClass::Digit)
+    }
+}
+
+static SHAPE_CLASS: [ShapeClass; 256] = {
+    let mut table = [ShapeClass::Other; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = match c {
+            b'\'' | b'"' | b'`' | b'$' | b'\\' => ShapeClass::Refused,
+            b'-' => ShapeClass::Dash,
+            b'/' => ShapeClass::Slash,
+            b'0'..=b'9' => ShapeClass::Digit,
+            _ if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => ShapeClass::Word,
+            _ => ShapeClass::Other,
+        };
+        b += 1;
+    }
+    table
+};
 
 /// Routes one lexed statement (see [`Statement`]).
 fn classify(text: &str, lexed: &Lexed) -> Result<Statement> {

@@ -127,7 +127,7 @@ impl Drop for Counted {
 /// A connection idle in a pool, and since when.
 #[derive(Debug)]
 struct Idle {
-    conn: UpstreamConnection,
+    conn: Box<UpstreamConnection>,
     since: Instant,
     _counted: Counted,
 }
@@ -142,7 +142,7 @@ struct Inner {
 }
 
 impl Inner {
-    fn give_back(&self, conn: UpstreamConnection, counted: Counted) {
+    fn give_back(&self, conn: Box<UpstreamConnection>, counted: Counted) {
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -164,7 +164,9 @@ pub struct UpstreamPool {
 /// [`Lent::discard`]ed. Deref to use it.
 #[derive(Debug)]
 pub struct Lent {
-    conn: Option<UpstreamConnection>,
+    /// Boxed: a connection (its socket, buffers, TLS state) is large, and it moves at every
+    /// lending and giving back (in transaction pooling, every transaction).
+    conn: Option<Box<UpstreamConnection>>,
     counted: Option<Counted>,
     pool: Arc<Inner>,
     _slot: OwnedSemaphorePermit,
@@ -249,18 +251,26 @@ impl UpstreamPool {
     pub async fn checkout(&self) -> Result<Lent> {
         let inner = &self.inner;
         let timeout = inner.url.connect_timeout;
-        let slot = tokio::time::timeout(timeout, inner.budget.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorCode::ServerOverloaded,
-                    format!(
-                        "All connections to the upstream {} are in use, and none came free within {timeout:?}; raise [upstream] pool_size or shorten what runs there",
-                        inner.url.address()
-                    ),
-                )
-            })?
-            .map_err(|_| Error::new(ErrorCode::Aborted, "The upstream pool is closed"))?;
+        let closed = || Error::new(ErrorCode::Aborted, "The upstream pool is closed");
+        // A free slot is taken at once, without arming the timeout's timer (most checkouts).
+        let slot = match inner.budget.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(closed()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                tokio::time::timeout(timeout, inner.budget.slots.clone().acquire_owned())
+                    .await
+                    .map_err(|_| {
+                        Error::new(
+                            ErrorCode::ServerOverloaded,
+                            format!(
+                                "All connections to the upstream {} are in use, and none came free within {timeout:?}; raise [upstream] pool_size or shorten what runs there",
+                                inner.url.address()
+                            ),
+                        )
+                    })?
+                    .map_err(|_| closed())?
+            }
+        };
         // The most recently used idle connection that is still alive (an upstream restart
         // leaves closed ones behind: they are dropped here), one of this thread's first,
         // else a new one.
@@ -280,7 +290,12 @@ impl UpstreamPool {
                     ..
                 }) => {
                     if conn.is_usable() {
-                        match conn.at_home() {
+                        let homed = if conn.is_home_at(here) {
+                            Ok(conn)
+                        } else {
+                            conn.at_home().map(Box::new)
+                        };
+                        match homed {
                             Ok(conn) => break Some((conn, counted)),
                             Err(e) => tracing::debug!("upstream connection dropped: {e}"),
                         }
@@ -298,7 +313,7 @@ impl UpstreamPool {
                     // As many open as may be: another pool's idle one makes room.
                     inner.budget.close_longest_idle();
                 }
-                (self.connect().await?, counted)
+                (Box::new(self.connect().await?), counted)
             }
         };
         // Until the borrower says otherwise, it may change anything.
@@ -414,7 +429,7 @@ fn placeholder_permit() -> OwnedSemaphorePermit {
 /// `conn` made clean for the next client: a response still coming cancelled and read to its
 /// end, any transaction rolled back, then `DISCARD ALL`; `None` if any of that fails (the
 /// connection is then closed).
-async fn reset(mut conn: UpstreamConnection) -> Option<UpstreamConnection> {
+async fn reset(mut conn: Box<UpstreamConnection>) -> Option<Box<UpstreamConnection>> {
     let deadline = Duration::from_secs(10);
     if conn.awaiting > 0 {
         // Its client went away mid-statement.

@@ -278,6 +278,16 @@ impl Upstream {
         }
     }
 
+    /// Whether the upstream's parameters were noted (it was reached once): asked at every
+    /// connection lent, so nothing is copied.
+    pub fn knows_parameters(&self) -> bool {
+        !self
+            .parameters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// What clients are told at start-up (empty until the upstream was reached once).
     pub fn parameters(&self) -> Vec<(String, String)> {
         self.parameters
