@@ -16,7 +16,7 @@ use std::ops::Range;
 use crate::ast::{EntityKind, Literal, Statement as WorkloadStatement};
 use crate::error::{Error, ErrorCode, Result};
 use crate::lexer::{lex, split, Lexed, TokenKind, Tokens};
-use crate::parser::{parse_statement, split_settings};
+use crate::parser::{mentions, parse_statement, split_settings};
 
 /// How deeply a statement may nest (parentheses and operator chains, see [`Query::nesting`]).
 /// ClickHouse's `max_ast_depth` has the same default; PostgreSQL stops at a comparable depth
@@ -238,14 +238,20 @@ pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statemen
 /// another id): `text` with each integer literal replaced by a NUL, written into `key`.
 /// `false`, and no key, where a digit could mean more than a number's value: a text with a
 /// quote of any kind, a comment, a `$` or a backslash (a digit inside them is no literal), or
-/// naming what [`classify`] reads a number of (`pg_cancel_backend(pid)`, whose pid decides
-/// whether the statement is sluice's; a `SETTINGS` tail's values).
+/// naming what [`classify`] reads a number of (`pg_cancel_backend(pid)` and
+/// `pg_terminate_backend(pid)`, whose pid decides whether the statement is sluice's; a
+/// `SETTINGS` tail's values).
 ///
 /// Two texts with one key lex alike token for token but for those integers, so they split
 /// into the same statements, each classified alike: a [`Statement::Query`] of one is a query
 /// of the other with the same kind, nesting and fingerprint. Only its text and literal spans
 /// differ.
 pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
+    // Refused on the words anywhere, even inside a longer name (`my_settings`, `backend_id`):
+    // such a text is only read each time, as any text without a shape is.
+    if mentions(text, "settings") || mentions(text, "_backend") {
+        return false;
+    }
     let bytes = text.as_bytes();
     key.clear();
     // The bytes up to `copied` are in `key` already: what lies between integers is copied
@@ -254,35 +260,19 @@ pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
     let mut i = 0;
     while i < bytes.len() {
         match SHAPE_CLASS[bytes[i] as usize] {
-            ShapeClass::Other => i += 1,
+            ShapeClass::Other | ShapeClass::Word => i += 1,
             ShapeClass::Refused => return false,
             ShapeClass::Dash if bytes.get(i + 1) == Some(&b'-') => return false,
             ShapeClass::Slash if bytes.get(i + 1) == Some(&b'*') => return false,
             ShapeClass::Dash | ShapeClass::Slash => i += 1,
-            ShapeClass::Word => {
-                let start = i;
-                i += bytes[i..]
-                    .iter()
-                    .position(|&b| !SHAPE_CLASS[b as usize].in_word())
-                    .unwrap_or(bytes.len() - i);
-                let word = &bytes[start..i];
-                if matches!(word.len(), 8 | 17 | 20)
-                    && ["settings", "pg_cancel_backend", "pg_terminate_backend"]
-                        .iter()
-                        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
-                {
-                    return false;
-                }
-            }
             ShapeClass::Digit => {
                 let start = i;
-                i += bytes[i..]
-                    .iter()
-                    .position(|b| !b.is_ascii_digit())
-                    .unwrap_or(bytes.len() - i);
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
                 // The lexer's number is this run exactly only when nothing joins it to a
-                // word, a fraction or an exponent (`1.5`, `.5`, `1e5`, `0x1F`, `1_000` stay;
-                // a word before it would have taken it in).
+                // word, a fraction or an exponent (`t1`, `1.5`, `.5`, `1e5`, `0x1F`, `1_000`
+                // stay as written).
                 let joined = |b: Option<&u8>| {
                     b.is_some_and(|&b| b == b'.' || SHAPE_CLASS[b as usize].in_word())
                 };
@@ -307,7 +297,7 @@ enum ShapeClass {
     /// `-` (`--` starts a comment), `/` (`/*` does).
     Dash,
     Slash,
-    /// A letter, `_` or a byte of a non-ASCII character: a word starts.
+    /// A letter, `_` or a byte of a non-ASCII character.
     Word,
     Digit,
 }
@@ -880,6 +870,7 @@ mod tests {
             "SELECT 1 SETTINGS max_threads = 2",
             "SELECT pg_cancel_backend(12)",
             "select PG_TERMINATE_BACKEND(99999999999)",
+            "SELECT 1 AS my_settings",
         ] {
             assert_eq!(shape(text), None, "{text}");
         }
