@@ -1141,6 +1141,9 @@ mod tests {
         assert_eq!(places("abc", ""), [0]);
         assert_eq!(places("abc", "abcd"), Vec::<usize>::new());
         assert_eq!(places("", "a"), Vec::<usize>::new());
+        // Places far into a long text (searched in vector steps).
+        let long = format!("{}System.x {}system.y", "-".repeat(60), "+".repeat(70));
+        assert_eq!(places(&long, "system."), [60, 139]);
         // Past its last place a search ends, however often asked.
         let mut it = mention_places("ab ab", "ab");
         assert_eq!(
