@@ -95,7 +95,19 @@ pub struct Connection {
     /// an error): the extended protocol reads a text at Describe and again at Execute, and a
     /// driver, or a simple Query in a loop, repeats its texts.
     last_statements: std::sync::Mutex<Option<(String, Vec<ClientStatement>)>>,
+    /// The last query text [`Connection::engine_text`] looked through, and what it names.
+    last_mentions: std::sync::Mutex<Option<(String, Mentions)>>,
     pub admission: Admission,
+}
+
+/// What a query's text names that needs work before the engine sees it.
+#[derive(Debug, Clone, Copy)]
+struct Mentions {
+    /// A system table: they are rebuilt first (only as fresh as their last rebuild, and a
+    /// rebuild retires the engine's kept plans, so other queries skip it).
+    system: bool,
+    /// A fleet view (`clusterAllReplicas`): the text is rewritten.
+    fleet_views: bool,
 }
 
 impl Debug for Connection {
@@ -260,6 +272,47 @@ impl Connection {
             parser: Arc::new(NoopQueryParser::new()),
             cursors: tokio::sync::Mutex::default(),
             last_statements: std::sync::Mutex::default(),
+            last_mentions: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The text the engine runs or describes for `text`: the system tables rebuilt first if it
+    /// names one, fleet views rewritten. What it names is read once for a text asked for again
+    /// in a row (a driver describes, then executes, each statement; a client repeats one).
+    async fn engine_text<'a>(&self, text: &'a str) -> Result<std::borrow::Cow<'a, str>> {
+        let kept = self.last_mentions.lock().ok().and_then(|last| {
+            last.as_ref()
+                .filter(|(seen, _)| seen == text)
+                .map(|(_, mentions)| *mentions)
+        });
+        let mentions = match kept {
+            Some(mentions) => mentions,
+            None => {
+                let mentions = Mentions {
+                    system: sluice_sql::mentions(text, "system."),
+                    fleet_views: sluice_sql::mentions(text, "clusterallreplicas"),
+                };
+                if let Ok(mut last) = self.last_mentions.lock() {
+                    match last.as_mut() {
+                        // The buffer reused.
+                        Some((seen, kept)) => {
+                            seen.clear();
+                            seen.push_str(text);
+                            *kept = mentions;
+                        }
+                        None => *last = Some((text.to_string(), mentions)),
+                    }
+                }
+                mentions
+            }
+        };
+        if mentions.system {
+            crate::system::refresh(&self.shared)?;
+        }
+        if mentions.fleet_views {
+            crate::fleet_views::prepare(&self.shared, text).await
+        } else {
+            Ok(std::borrow::Cow::Borrowed(text))
         }
     }
 
@@ -640,8 +693,7 @@ impl Connection {
             mut stop,
             ..
         } = admitted;
-        crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
-        let text = crate::fleet_views::prepare(&self.shared, &query.text).await?;
+        let text = self.engine_text(&query.text).await?;
         let options = ExecuteOptions {
             target_partitions: threads,
             io: crate::disk_gate::DiskGate::for_statement(&self.shared, &grant),
@@ -706,8 +758,7 @@ impl Connection {
             ClientStatement::ShowEntities(_) => Some(text_schema("name")),
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
             ClientStatement::Query(query) => {
-                crate::system::refresh_if_mentioned(&self.shared, &query.text)?;
-                let text = crate::fleet_views::prepare(&self.shared, &query.text).await?;
+                let text = self.engine_text(&query.text).await?;
                 self.session().describe(&text).await?
             }
         })

@@ -47,15 +47,6 @@ fn string_lists<S: AsRef<str>>(values: Vec<Vec<S>>) -> ArrayRef {
     Arc::new(builder.finish())
 }
 
-/// Rebuilds the system tables if `query` mentions one (they are only as fresh as the last
-/// rebuild, and rebuilding retires the engine's cached plans, so other queries skip it).
-pub fn refresh_if_mentioned(shared: &Shared, query: &str) -> Result<()> {
-    if sluice_sql::mentions(query, "system.") {
-        refresh(shared)?;
-    }
-    Ok(())
-}
-
 /// Rebuilds every system table from the current state.
 pub fn refresh(shared: &Shared) -> Result<()> {
     tables(shared, &mut |name, b| {
