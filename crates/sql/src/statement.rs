@@ -243,9 +243,10 @@ pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statemen
 /// `SETTINGS` tail's values).
 ///
 /// Two texts with one key lex alike token for token but for those integers, so they split
-/// into the same statements, each classified alike: a [`Statement::Query`] of one is a query
-/// of the other with the same kind, nesting and fingerprint. Only its text and literal spans
-/// differ.
+/// into the same statements, and a [`Statement::Query`] of one is a query of the other with
+/// the same kind, nesting and fingerprint; only its text and literal spans differ. (Other
+/// statements read numbers — a `FETCH` count, a `KILL QUERY` condition — and may read
+/// differently: only a query's reading is to be kept by this key.)
 pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
     // Refused on the words anywhere, even inside a longer name (`my_settings`, `backend_id`):
     // such a text is only read each time, as any text without a shape is.
