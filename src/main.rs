@@ -928,3 +928,57 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+#[cfg(test)]
+mod allocator_tests {
+    use std::alloc::{alloc, alloc_zeroed, dealloc, realloc, Layout};
+
+    /// Every block the global allocator hands out has its layout's alignment, through either
+    /// of its paths (`mi_malloc` where that guarantees it, the aligned one otherwise), and
+    /// keeps its bytes when it grows or shrinks across the line between them.
+    #[test]
+    #[allow(unsafe_code)]
+    fn every_block_has_its_alignment() {
+        for align in [1usize, 2, 4, 8, 16, 32, 64, 4096] {
+            for size in [1usize, 3, 8, 12, 16, 24, 40, 48, 100, 1000, 70_000] {
+                let layout = Layout::from_size_align(size, align).expect("layout");
+                // Several at once, so that blocks at other offsets of a page are seen too.
+                let blocks: Vec<*mut u8> = (0..16)
+                    .map(|i| {
+                        // SAFETY: `layout` has a non-zero size; each block is freed below.
+                        let p = unsafe {
+                            if i % 2 == 0 {
+                                alloc(layout)
+                            } else {
+                                alloc_zeroed(layout)
+                            }
+                        };
+                        assert!(!p.is_null());
+                        assert_eq!(p as usize % align, 0, "size {size} align {align}");
+                        if i % 2 == 1 {
+                            // SAFETY: `p` holds `size` bytes, zeroed.
+                            let bytes = unsafe { std::slice::from_raw_parts(p, size) };
+                            assert!(bytes.iter().all(|&b| b == 0));
+                        }
+                        p
+                    })
+                    .collect();
+                for p in blocks {
+                    // SAFETY: written within the block, then grown, shrunk and freed with the
+                    // layouts it has at each step.
+                    unsafe {
+                        p.write(0xA5);
+                        let grown = realloc(p, layout, size * 3 + 17);
+                        assert_eq!(grown as usize % align, 0, "grown {size} align {align}");
+                        assert_eq!(grown.read(), 0xA5);
+                        let big = Layout::from_size_align(size * 3 + 17, align).expect("layout");
+                        let shrunk = realloc(grown, big, 1);
+                        assert_eq!(shrunk as usize % align, 0, "shrunk {size} align {align}");
+                        assert_eq!(shrunk.read(), 0xA5);
+                        dealloc(shrunk, Layout::from_size_align(1, align).expect("layout"));
+                    }
+                }
+            }
+        }
+    }
+}
