@@ -100,6 +100,9 @@ pub struct Connection {
     pub admission: Admission,
 }
 
+/// The longest query text whose [`Mentions`] a connection keeps.
+const MENTIONS_TEXT_MAX: usize = 64 * 1024;
+
 /// What a query's text names that needs work before the engine sees it.
 #[derive(Debug, Clone, Copy)]
 struct Mentions {
@@ -292,7 +295,10 @@ impl Connection {
                     system: sluice_sql::mentions(text, "system."),
                     fleet_views: sluice_sql::mentions(text, "clusterallreplicas"),
                 };
-                if let Ok(mut last) = self.last_mentions.lock() {
+                // (A huge text is not kept: the statement memo holds one copy already.)
+                if let (true, Ok(mut last)) =
+                    (text.len() <= MENTIONS_TEXT_MAX, self.last_mentions.lock())
+                {
                     match last.as_mut() {
                         // The buffer reused.
                         Some((seen, kept)) => {

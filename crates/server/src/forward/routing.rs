@@ -183,8 +183,12 @@ impl Shapes {
             };
             return Some(vec![(0..text.len(), Some(forwarded))]);
         }
-        let pieces = query_pieces(text);
+        let mut pieces = query_pieces(text);
         if let Some(shape) = pieces.as_deref().and_then(|p| Shape::of(text, p)) {
+            // This run's admission takes the fingerprint made for the shape (not made twice).
+            if let Some([(_, Some(forwarded))]) = pieces.as_deref_mut() {
+                forwarded.memo = StatementMemo::with_fingerprint(shape.fingerprint.clone());
+            }
             if self.read.len() >= SHAPES_KEPT {
                 self.read.clear();
             }
