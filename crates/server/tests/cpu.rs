@@ -386,9 +386,6 @@ async fn max_cpus_throttles_cpu_time() {
 /// starved by two high-priority ones; once they are done it runs on, with one slot, to the
 /// right answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky (fails ~1 run in 5 here, twice in CI on 2026-12-06): the worker slot is sometimes \
-            never seen given up, even with the urgent statements held for 1 s; not understood yet. \
-            Run it with `cargo test -p sluice-server --test cpu -- --ignored a_preempted`"]
 async fn a_preempted_worker_slot_is_given_up_after_the_timeout() {
     let _measuring = MEASURING.lock().await;
     let (_dir, server, admin) = preemptive_with(
@@ -400,9 +397,16 @@ async fn a_preempted_worker_slot_is_given_up_after_the_timeout() {
     )
     .await;
     let threads = "SELECT threads FROM system.processes WHERE workload = 'low'";
+    // Each partition reads a series of its own. Over one series, the worker partition is fed
+    // through a repartition whose input runs under the master's slot: while the master is
+    // preempted the worker partition often waits for input, its slot given back idle (parked,
+    // not preempted), and asked for again once the urgent statements are gone it is granted
+    // at once and kept, by design (ClickHouse gives a parked thread's slot back too). That made
+    // this test fail about one run in five (CI, 2026-12-06).
     let long = spawn_query(
         &server,
-        "SELECT sum(g % 7) FROM generate_series(1, 100000000) AS t(g) \
+        "SELECT sum(g % 7) FROM (SELECT * FROM generate_series(1, 50000000) AS a(g) \
+         UNION ALL SELECT * FROM generate_series(50000001, 100000000) AS b(g)) \
          SETTINGS workload = 'low', max_threads = 2",
     )
     .await;
