@@ -132,6 +132,199 @@ pub(crate) fn postgres_series(statement: &mut datafusion::sql::sqlparser::ast::S
     let _ = statement.visit(&mut Series);
 }
 
+/// What to do with a placeholder among a table function's arguments
+/// ([`table_function_placeholders`]).
+#[derive(Clone, Copy)]
+pub(crate) enum TableArguments<'a> {
+    /// Left as written: no values yet and none needed (a statement to run: a placeholder
+    /// with no value is an error there, as it should be).
+    Leave,
+    /// Replaced by a one, to plan the statement for its columns and its parameters' types
+    /// (Parse, Describe): never run so.
+    Typed,
+    /// Replaced by the values bound (`$1` by the first), to run.
+    Bound(&'a [datafusion::common::ScalarValue]),
+}
+
+/// Placeholders among a table function's arguments (`FROM generate_series(1, $1)`): DataFusion
+/// calls a table function with its arguments when it plans, and takes literals only, where
+/// PostgreSQL binds a parameter there as anywhere else; a driver's `generate_series(1, ?)`
+/// failed to plan. Each such placeholder is written in as the value bound to it (or, to
+/// describe the statement, as a one). Returns those placeholders' numbers with the type
+/// each is announced as: `int8` when it is an argument of its own (`generate_series`'s integer
+/// form), the integer type it is cast to (`$1::int4`), unknown otherwise (`text`, read by
+/// the statement's own cast: `$1::timestamp`).
+pub(crate) fn table_function_placeholders(
+    statement: &mut datafusion::sql::parser::Statement,
+    arguments: TableArguments<'_>,
+) -> Vec<(usize, Option<datafusion::arrow::datatypes::DataType>)> {
+    use datafusion::arrow::datatypes::DataType as Arrow;
+    use datafusion::sql::sqlparser::ast::{
+        DataType, Expr, FunctionArg, FunctionArgExpr, TableFactor, Value, VisitMut, VisitorMut,
+    };
+    use std::ops::ControlFlow;
+    if matches!(arguments, TableArguments::Leave) {
+        return Vec::new();
+    }
+    let datafusion::sql::parser::Statement::Statement(inner) = statement else {
+        return Vec::new();
+    };
+    // A prepared statement keeps its placeholders for EXECUTE: never bound here.
+    if matches!(
+        inner.as_ref(),
+        datafusion::sql::sqlparser::ast::Statement::Prepare { .. }
+    ) {
+        return Vec::new();
+    }
+    fn number(e: &Expr) -> Option<usize> {
+        match e {
+            Expr::Value(v) => match &v.value {
+                Value::Placeholder(p) => p.strip_prefix('$')?.parse().ok().filter(|&n| n > 0),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+    /// The Arrow type of an integer SQL type (the cast a placeholder may carry).
+    fn integer(t: &DataType) -> Option<Arrow> {
+        match t {
+            DataType::BigInt(_) | DataType::Int8(_) | DataType::Int64 => Some(Arrow::Int64),
+            DataType::Int(_) | DataType::Int4(_) | DataType::Integer(_) | DataType::Int32 => {
+                Some(Arrow::Int32)
+            }
+            DataType::SmallInt(_) | DataType::Int2(_) => Some(Arrow::Int16),
+            _ => None,
+        }
+    }
+    struct Arguments<'a> {
+        arguments: TableArguments<'a>,
+        found: Vec<(usize, Option<Arrow>)>,
+    }
+    impl Arguments<'_> {
+        /// The placeholder `e` is, written in; `typed`: announced as that integer type.
+        fn replace(&mut self, e: &mut Expr, typed: Option<Arrow>) {
+            let Some(n) = number(e) else { return };
+            let replacement = match self.arguments {
+                TableArguments::Leave => return,
+                // A one, not a NULL (DataFusion's integer series takes an untyped NULL only,
+                // and a NULL under the statement's cast, `$1::int4`, is typed) nor a zero (a
+                // step of zero is refused).
+                TableArguments::Typed => Expr::value(Value::Number("1".into(), false)),
+                TableArguments::Bound(values) => match values.get(n - 1) {
+                    Some(value) => literal(value),
+                    // No value: left for binding to say so.
+                    None => return,
+                },
+            };
+            *e = replacement;
+            self.found.push((n, typed));
+        }
+
+        /// A table function's argument: a placeholder of its own, a placeholder under casts
+        /// (`$1::int4`, and the `int8` cast the integer bounds are given around that), or an
+        /// expression with placeholders deeper.
+        fn argument(&mut self, e: &mut Expr) {
+            match e {
+                Expr::Cast {
+                    expr, data_type, ..
+                } if number(expr).is_some() => {
+                    let typed = integer(data_type);
+                    self.replace(expr, typed);
+                }
+                Expr::Cast { expr, .. } if matches!(**expr, Expr::Cast { .. }) => {
+                    self.argument(expr)
+                }
+                e if number(e).is_some() => self.replace(e, Some(Arrow::Int64)),
+                // Deeper (`$1 + 1`): written in, its type left to the client.
+                e => {
+                    let _ = datafusion::sql::sqlparser::ast::visit_expressions_mut(e, |inner| {
+                        self.replace(inner, None);
+                        ControlFlow::<()>::Continue(())
+                    });
+                }
+            }
+        }
+    }
+    impl VisitorMut for Arguments<'_> {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+            let TableFactor::Table {
+                args: Some(args), ..
+            } = factor
+            else {
+                return ControlFlow::Continue(());
+            };
+            for arg in &mut args.args {
+                let (FunctionArg::Unnamed(FunctionArgExpr::Expr(e))
+                | FunctionArg::Named {
+                    arg: FunctionArgExpr::Expr(e),
+                    ..
+                }) = arg
+                else {
+                    continue;
+                };
+                self.argument(e);
+                // A NULL bound under casts is a typed NULL, which DataFusion's series refuses
+                // (it takes an untyped one): the argument is NULL, as PostgreSQL's would be.
+                if null_under_casts(e) {
+                    *e = Expr::value(Value::Null);
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    fn null_under_casts(e: &Expr) -> bool {
+        match e {
+            Expr::Cast { expr, .. } => match expr.as_ref() {
+                Expr::Value(v) => matches!(v.value, Value::Null),
+                inner => null_under_casts(inner),
+            },
+            _ => false,
+        }
+    }
+    let mut visitor = Arguments {
+        arguments,
+        found: Vec::new(),
+    };
+    let _ = inner.visit(&mut visitor);
+    visitor.found
+}
+
+/// `value` as SQL text's literal: numbers and booleans as themselves, anything else as its
+/// text (a string literal, which the cast the statement puts on it reads).
+fn literal(value: &datafusion::common::ScalarValue) -> datafusion::sql::sqlparser::ast::Expr {
+    use datafusion::common::ScalarValue as S;
+    use datafusion::sql::sqlparser::ast::{Expr, UnaryOperator, Value};
+    if value.is_null() {
+        return Expr::value(Value::Null);
+    }
+    let number = |text: String| match text.strip_prefix('-') {
+        Some(magnitude) => Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr: Box::new(Expr::value(Value::Number(magnitude.to_string(), false))),
+        },
+        None => Expr::value(Value::Number(text, false)),
+    };
+    match value {
+        S::Int8(_)
+        | S::Int16(_)
+        | S::Int32(_)
+        | S::Int64(_)
+        | S::UInt8(_)
+        | S::UInt16(_)
+        | S::UInt32(_)
+        | S::UInt64(_)
+        | S::Decimal128(..) => number(value.to_string()),
+        S::Float32(Some(f)) if f.is_finite() => number(value.to_string()),
+        S::Float64(Some(f)) if f.is_finite() => number(value.to_string()),
+        S::Boolean(Some(b)) => Expr::value(Value::Boolean(*b)),
+        S::Utf8(Some(text)) | S::LargeUtf8(Some(text)) | S::Utf8View(Some(text)) => {
+            Expr::value(Value::SingleQuotedString(text.clone()))
+        }
+        other => Expr::value(Value::SingleQuotedString(other.to_string())),
+    }
+}
+
 /// Types the placeholder of `x = ANY($n)` (and `x <> ALL($n)`; DataFusion plans both with
 /// `array_has($n, x)`) and of the orderings (`x < ANY($n)`, `x >= ALL($n)`, …: compared with
 /// `array_min($n)` or `array_max($n)`) as an array of `x`'s type, as Postgres infers `$n` to

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use crate::cache::{cacheable, reusable, tiny, Planning};
 use crate::compat::{
     array_placeholders, column_names, command_tag, count, postgres_array_elements, postgres_names,
-    postgres_series,
+    postgres_series, TableArguments,
 };
 use crate::error::{engine_failure, from_datafusion};
 use crate::{BatchStream, Engine, ExecuteOptions, QueryOutput, Session};
@@ -383,9 +383,16 @@ impl Session for EmbeddedSession {
         let sql = sql.to_string();
         self.on_engine(|inner| async move {
             let planning = inner.planning.lock().await;
-            let (plan, _) = plan(&planning.state, &sql).await?;
+            let planned = plan(&planning.state, &sql, TableArguments::Typed).await?;
             drop(planning);
-            parameter_types(&plan)
+            let mut types = parameter_types(&planned.plan)?;
+            for (n, ty) in planned.written_in {
+                if types.len() < n {
+                    types.resize(n, None);
+                }
+                types[n - 1] = ty;
+            }
+            Ok(types)
         })
         .await
     }
@@ -711,7 +718,11 @@ impl SessionInner {
             let (plan, names, schema) = match cached {
                 Some((plan, columns)) => (plan, None, columns),
                 None => {
-                    let (plan, names) = plan(&active.state, sql).await?;
+                    let arguments = match params.is_empty() {
+                        true => TableArguments::Leave,
+                        false => TableArguments::Bound(&params),
+                    };
+                    let Planned { plan, names, .. } = plan(&active.state, sql, arguments).await?;
                     let plan = if params.is_empty() {
                         plan
                     } else {
@@ -833,7 +844,7 @@ impl SessionInner {
         if let Some(columns) = self.cached_columns_in(&planning, sql) {
             return Ok(columns);
         }
-        let (plan, names) = plan(&planning.state, sql).await?;
+        let Planned { plan, names, .. } = plan(&planning.state, sql, TableArguments::Typed).await?;
         if !matches!(answer(&plan, sql), Answer::Rows) {
             return Ok(None);
         }
@@ -855,11 +866,22 @@ pub fn collected(batches: Vec<RecordBatch>) -> BatchStream {
     Box::pin(futures::stream::iter(batches.into_iter().map(Ok)))
 }
 
-/// Parses and plans one statement; also returns the Postgres names of its result columns.
+/// A statement planned, with the Postgres names of its result columns.
+struct Planned {
+    plan: LogicalPlan,
+    names: Option<Vec<Option<String>>>,
+    /// Placeholders written into table functions' arguments, by number, with the type each
+    /// is announced as ([`crate::compat::table_function_placeholders`]).
+    written_in: Vec<(usize, Option<DataType>)>,
+}
+
+/// Parses and plans one statement; `arguments` says what becomes of placeholders among a
+/// table function's arguments.
 async fn plan(
     state: &SessionState,
     sql: &str,
-) -> Result<(LogicalPlan, Option<Vec<Option<String>>>)> {
+    arguments: crate::compat::TableArguments<'_>,
+) -> Result<Planned> {
     let dialect = state.config().options().sql_parser.dialect;
     crate::compat::check_tokens(sql)?;
     let mut statement = state.sql_to_statement(sql, &dialect).map_err(df)?;
@@ -867,6 +889,11 @@ async fn plan(
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
         postgres_series(inner);
     }
+    let written_in = if sql.contains('$') {
+        crate::compat::table_function_placeholders(&mut statement, arguments)
+    } else {
+        Vec::new()
+    };
     // Named before the catalog rewrites, which alias and replace items Postgres names by
     // what the client wrote.
     let names = column_names(&statement);
@@ -880,5 +907,9 @@ async fn plan(
     } else {
         plan
     };
-    Ok((plan, names))
+    Ok(Planned {
+        plan,
+        names,
+        written_in,
+    })
 }
