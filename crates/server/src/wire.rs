@@ -50,6 +50,78 @@ async fn first_length_is_a_packets(tcp: &TcpStream) -> bool {
     false
 }
 
+/// The codes of the requests for an encrypted connection (protocol "versions" 1234.5679 and
+/// 1234.5680).
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+
+/// Answers the encryption requests sluice refuses as PostgreSQL does: 'N' to a GSSENCRequest
+/// and, without TLS, to an SSLRequest, each once (a client may try one after the other), and a
+/// request made again after its refusal is taken as a start-up packet of protocol 1234.5680
+/// (or .5679): FATAL 0A000, the connection closed. pgwire answered 'N' to every SSLRequest,
+/// for as long as the client kept asking. With TLS (`ssl_offered`) an SSLRequest is left for
+/// pgwire's negotiation, which accepts it. Returns whether the client goes on (the bytes after
+/// the requests refused are left unread).
+async fn refuse_encryption(tcp: &mut TcpStream, ssl_offered: bool) -> io::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut ssl_refused, mut gss_refused) = (false, false);
+    loop {
+        let mut head = [0u8; 8];
+        loop {
+            match tcp.peek(&mut head).await? {
+                0 => return Ok(false),
+                8 => break,
+                // A start-up packet is at least eight bytes: wait for them (within the
+                // start-up deadline).
+                _ => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        }
+        let length = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let code = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        let refused = match (length, code) {
+            (8, SSL_REQUEST) if !ssl_offered => &mut ssl_refused,
+            (8, GSSENC_REQUEST) => &mut gss_refused,
+            _ => return Ok(true),
+        };
+        // Read, as PostgreSQL reads the packet (a close with bytes unread would be a reset).
+        tcp.read_exact(&mut head).await?;
+        if *refused {
+            let e = sluice_sql::Error::new(
+                sluice_sql::ErrorCode::NotImplemented,
+                format!(
+                    "unsupported frontend protocol {}.{}: server supports 3.0 to 3.0",
+                    code >> 16,
+                    code & 0xffff
+                ),
+            );
+            tcp.write_all(&fatal_before_startup(&e)).await?;
+            return Ok(false);
+        }
+        tcp.write_all(b"N").await?;
+        *refused = true;
+    }
+}
+
+/// An ErrorResponse with severity FATAL, written before any codec is on the socket.
+fn fatal_before_startup(e: &sluice_sql::Error) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (field, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', e.sqlstate()),
+        (b'M', &e.to_string()),
+    ] {
+        body.push(field);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut message = vec![b'E'];
+    message.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    message.extend_from_slice(&body);
+    message
+}
+
 /// As PostgreSQL answers a message it cannot read: FATAL 08P01 (the connection then closes),
 /// with ClickHouse's code name for input that breaks its format.
 async fn fatal_protocol_violation<S, T>(
@@ -71,7 +143,7 @@ async fn fatal_protocol_violation<S, T>(
 /// Serves one client connection: TLS negotiation and the message loop of pgwire's
 /// `process_socket`, over a [`Corked`] socket.
 pub async fn process_connection<H: PgWireServerHandlers>(
-    tcp: TcpStream,
+    mut tcp: TcpStream,
     tls: Option<TlsAcceptor>,
     handlers: H,
     terminate: Arc<crate::registry::Flag>,
@@ -83,6 +155,9 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         _ = &mut startup_deadline => return Ok(()),
         socket = async {
             if !first_length_is_a_packets(&tcp).await {
+                return Ok(None);
+            }
+            if !refuse_encryption(&mut tcp, tls.is_some()).await? {
                 return Ok(None);
             }
             negotiate_tls(tcp, tls).await

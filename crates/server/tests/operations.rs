@@ -742,6 +742,80 @@ async fn the_grafana_dashboard_names_only_exported_metrics() {
     server.stop().await;
 }
 
+/// Encryption requests are refused as PostgreSQL refuses them: 'N' to an SSLRequest (no TLS
+/// here) and to a GSSENCRequest, each once, in either order, then the start-up goes on; the
+/// same request again is FATAL 0A000, "unsupported frontend protocol 1234.5679" (PostgreSQL
+/// 15's words, checked by hand), and the connection closes. pgwire answered 'N' to every
+/// SSLRequest, however often it came.
+#[tokio::test]
+async fn encryption_requests_are_refused_once_each_as_postgres_refuses_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let request = |code: u32| {
+        let mut r = 8u32.to_be_bytes().to_vec();
+        r.extend_from_slice(&code.to_be_bytes());
+        r
+    };
+    let (ssl, gss) = (request(80_877_103), request(80_877_104));
+    for (again, version) in [(&ssl, "1234.5679"), (&gss, "1234.5680")] {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connects");
+        socket.write_all(again).await.expect("first request");
+        let mut answer = [0u8; 1];
+        socket.read_exact(&mut answer).await.expect("refused");
+        assert_eq!(&answer, b"N");
+        socket.write_all(again).await.expect("the request again");
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        assert_eq!(rest.first(), Some(&b'E'), "an error: {rest:?}");
+        let length = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        assert_eq!(rest.len(), length + 1, "the error is all: {rest:?}");
+        let text = String::from_utf8_lossy(&rest);
+        let want = format!("unsupported frontend protocol {version}: server supports 3.0 to 3.0");
+        for part in ["SFATAL", "C0A000", &want] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+    }
+    // One of each, either order, then a start-up: served.
+    for first in [&ssl, &gss] {
+        let second = if first == &ssl { &gss } else { &ssl };
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connects");
+        let mut answers = [0u8; 2];
+        socket.write_all(first).await.expect("first request");
+        socket.read_exact(&mut answers[..1]).await.expect("refused");
+        socket.write_all(second).await.expect("second request");
+        socket.read_exact(&mut answers[1..]).await.expect("refused");
+        assert_eq!(&answers, b"NN");
+        let mut startup = 196608u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0tester\0database\0x\0\0");
+        let mut packet = (startup.len() as u32 + 4).to_be_bytes().to_vec();
+        packet.extend_from_slice(&startup);
+        socket.write_all(&packet).await.expect("start-up");
+        let mut kinds = Vec::new();
+        while kinds.last() != Some(&b'Z') {
+            let mut head = [0u8; 5];
+            socket.read_exact(&mut head).await.expect("a message");
+            let mut body =
+                vec![0; u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize - 4];
+            socket.read_exact(&mut body).await.expect("its body");
+            kinds.push(head[0]);
+        }
+        assert_eq!(
+            kinds.first(),
+            Some(&b'R'),
+            "authentication ok first: {kinds:?}"
+        );
+        assert!(!kinds.contains(&b'E'), "no error: {kinds:?}");
+    }
+    server.stop().await;
+}
+
 /// What a client sends in place of the SCRAM exchange's first answer ends its login as
 /// PostgreSQL ends it: one FATAL 08P01 and the connection closed, no ReadyForQuery after it
 /// (a password message where SASLInitialResponse belongs, or one whose data length runs past
