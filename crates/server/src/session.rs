@@ -94,7 +94,7 @@ pub struct Connection {
     /// The last text read as statements, and what it read as (when every one read without
     /// an error): the extended protocol reads a text at Describe and again at Execute, and a
     /// driver, or a simple Query in a loop, repeats its texts.
-    last_statements: std::sync::Mutex<Option<(String, Vec<ClientStatement>)>>,
+    last_statements: std::sync::Mutex<Option<(String, Vec<Arc<ClientStatement>>)>>,
     /// The last query text [`Connection::engine_text`] looked through, and what it names.
     last_mentions: std::sync::Mutex<Option<(String, Mentions)>>,
     pub admission: Admission,
@@ -324,13 +324,16 @@ impl Connection {
 
     /// `sluice_sql::statements(sql)`, read once for a text asked for again in a row (a
     /// statement depends on its text alone).
-    fn statements_of(&self, sql: &str) -> Vec<Result<ClientStatement>> {
+    fn statements_of(&self, sql: &str) -> Vec<Result<Arc<ClientStatement>>> {
         if let Ok(last) = self.last_statements.lock() {
             if let Some((_, kept)) = last.as_ref().filter(|(text, _)| text == sql) {
                 return kept.iter().cloned().map(Ok).collect();
             }
         }
-        let read = sluice_sql::statements(sql);
+        let read: Vec<Result<Arc<ClientStatement>>> = sluice_sql::statements(sql)
+            .into_iter()
+            .map(|s| s.map(Arc::new))
+            .collect();
         if let (true, Ok(mut last)) = (read.iter().all(|s| s.is_ok()), self.last_statements.lock())
         {
             let statements = read.iter().filter_map(|s| s.as_ref().ok().cloned());
@@ -348,9 +351,10 @@ impl Connection {
         read
     }
 
-    /// `sluice_sql::statement(sql)`, through [`Connection::statements_of`].
-    fn statement_of(&self, sql: &str) -> Result<Option<ClientStatement>> {
-        // The usual case, a text of one statement kept: its clone, no list made.
+    /// `sluice_sql::statement(sql)`, through [`Connection::statements_of`]: shared with the
+    /// memo, not copied (a driver describes, then executes, each text).
+    fn statement_of(&self, sql: &str) -> Result<Option<Arc<ClientStatement>>> {
+        // The usual case, a text of one statement kept: no list made.
         if let Ok(last) = self.last_statements.lock() {
             if let Some((_, [only])) = last
                 .as_ref()
@@ -390,7 +394,7 @@ impl Connection {
     async fn run(
         &self,
         user: &Arc<str>,
-        statement: ClientStatement,
+        statement: &ClientStatement,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
@@ -406,7 +410,17 @@ impl Connection {
                 "only queries take bind parameters; send this statement without them",
             ));
         }
-        match statement {
+        // A query, the statement of nearly every round trip, runs from the memo's copy; the
+        // rest take theirs apart.
+        if let ClientStatement::Query(query) = statement {
+            if query.kind != StatementKind::Select {
+                if let Block::Open { wrote } = &mut *self.block() {
+                    *wrote |= query.kind != StatementKind::Utility;
+                }
+            }
+            return self.run_query(user, query, params, notices).await;
+        }
+        match statement.clone() {
             ClientStatement::Workload(stmt) => {
                 if !self.shared.logins.is_admin(user) {
                     return Err(Error::new(
@@ -581,7 +595,7 @@ impl Connection {
                     schema,
                     batches,
                     hold: held,
-                } = self.run_query(user, query, params, notices).await?
+                } = self.run_query(user, &query, params, notices).await?
                 else {
                     return Err(Error::new(
                         ErrorCode::BadArguments,
@@ -614,7 +628,7 @@ impl Connection {
                 }
             }
             ClientStatement::CopyOut { query, format } => {
-                match self.run_query(user, query, params, notices).await? {
+                match self.run_query(user, &query, params, notices).await? {
                     Outcome::Rows {
                         schema,
                         batches,
@@ -641,21 +655,14 @@ impl Connection {
                 }
                 Ok(Outcome::Command(Tag::new("CLOSE CURSOR")))
             }
-            ClientStatement::Query(query) => {
-                if query.kind != StatementKind::Select {
-                    if let Block::Open { wrote } = &mut *self.block() {
-                        *wrote |= query.kind != StatementKind::Utility;
-                    }
-                }
-                self.run_query(user, query, params, notices).await
-            }
+            ClientStatement::Query(_) => unreachable!("run above"),
         }
     }
 
     async fn run_query(
         &self,
         user: &Arc<str>,
-        query: Query,
+        query: &Query,
         params: Vec<ScalarValue>,
         notices: &mut dyn Notices,
     ) -> Result<Outcome> {
@@ -666,9 +673,9 @@ impl Connection {
         let result = async {
             let admitted = self
                 .admission
-                .admit(user, &query, None, notices, &mut record)
+                .admit(user, query, None, notices, &mut record)
                 .await?;
-            self.execute_admitted(admitted, &query, params, &mut record)
+            self.execute_admitted(admitted, query, params, &mut record)
                 .await
         }
         .await;
@@ -928,7 +935,7 @@ impl Connection {
             return Ok(LocalOutput::Ok);
         };
         let outcome = match self
-            .run(&Arc::from("local"), statement, Vec::new(), &mut NoNotices)
+            .run(&Arc::from("local"), &statement, Vec::new(), &mut NoNotices)
             .await?
         {
             Outcome::Fetched { schema, batches } => Outcome::Rows {
@@ -1001,7 +1008,7 @@ impl SimpleQueryHandler for Connection {
         for statement in self.statements_of(query) {
             let statement = statement.map_err(|e| to_pg(&e))?;
             let outcome = self
-                .run(&user, statement, Vec::new(), &mut ClientNotices(client))
+                .run(&user, &statement, Vec::new(), &mut ClientNotices(client))
                 .await
                 .map_err(|e| to_pg(&e))?;
             match self.respond(outcome, &Format::UnifiedText)? {
@@ -1052,7 +1059,7 @@ impl ExtendedQueryHandler for Connection {
         };
         let user = self.admission.user(client);
         let outcome = self
-            .run(&user, statement, values, &mut ClientNotices(client))
+            .run(&user, &statement, values, &mut ClientNotices(client))
             .await
             .map_err(|e| to_pg(&e))?;
         self.respond(outcome, &portal.result_column_format)
@@ -1067,14 +1074,15 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        if message.target_type == TARGET_TYPE_BYTE_PORTAL {
-            let name = message.name.clone().unwrap_or_default();
-            if client.portal_store().get_portal(&name).is_none() {
+        // A cursor has a name: the unnamed portal (every pgbench round trip) is never one.
+        let named = message.name.as_deref().filter(|n| !n.is_empty());
+        if let (TARGET_TYPE_BYTE_PORTAL, Some(name)) = (message.target_type, named) {
+            if client.portal_store().get_portal(name).is_none() {
                 let schema = self
                     .cursors
                     .lock()
                     .await
-                    .get(&name)
+                    .get(name)
                     .map(|c| c.schema.clone());
                 if let Some(schema) = schema {
                     let fields = encode::fields(&schema, |_| FieldFormat::Text);

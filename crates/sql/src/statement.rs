@@ -222,7 +222,7 @@ pub fn statement(text: &str) -> Result<Option<Statement>> {
 
 /// The one statement of [`statements`]' answer for a text (none for an empty text; more than
 /// one is an error): what [`statement`] makes of it.
-pub fn only_statement(mut all: Vec<Result<Statement>>) -> Result<Option<Statement>> {
+pub fn only_statement<S>(mut all: Vec<Result<S>>) -> Result<Option<S>> {
     match all.len() {
         0 => Ok(None),
         1 => all.remove(0).map(Some),
