@@ -132,6 +132,79 @@ pub fn fields(schema: &Schema, format: impl Fn(usize) -> FieldFormat) -> Vec<Fie
         .collect()
 }
 
+/// The result columns last described, kept for the next statement with the same schema and
+/// formats: a driver describes its portal, then executes it, every round trip, and both need
+/// the columns as pgwire has them. The schema is kept, so comparing it by address is sound (a
+/// statement's kept plan hands out one schema each time; another schema is another entry).
+#[derive(Default)]
+pub struct FieldsMemo(std::sync::Mutex<Option<Described>>);
+
+impl std::fmt::Debug for FieldsMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FieldsMemo")
+    }
+}
+
+struct Described {
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    format: FormatKey,
+    fields: Arc<Vec<FieldInfo>>,
+}
+
+/// A portal's result formats, comparable.
+#[derive(PartialEq)]
+enum FormatKey {
+    Text,
+    Binary,
+    Each(Vec<i16>),
+}
+
+impl FormatKey {
+    fn of(format: &pgwire::api::portal::Format) -> FormatKey {
+        use pgwire::api::portal::Format;
+        match format {
+            Format::UnifiedText => FormatKey::Text,
+            Format::UnifiedBinary => FormatKey::Binary,
+            Format::Individual(codes) => FormatKey::Each(codes.clone()),
+        }
+    }
+
+    fn is(&self, format: &pgwire::api::portal::Format) -> bool {
+        use pgwire::api::portal::Format;
+        match (self, format) {
+            (FormatKey::Text, Format::UnifiedText) | (FormatKey::Binary, Format::UnifiedBinary) => {
+                true
+            }
+            (FormatKey::Each(mine), Format::Individual(theirs)) => mine == theirs,
+            _ => false,
+        }
+    }
+}
+
+impl FieldsMemo {
+    /// [`fields`] of `schema` in `format`, made once for a schema asked for again in a row.
+    pub fn fields(
+        &self,
+        schema: &datafusion::arrow::datatypes::SchemaRef,
+        format: &pgwire::api::portal::Format,
+    ) -> Arc<Vec<FieldInfo>> {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = last
+            .as_ref()
+            .filter(|d| Arc::ptr_eq(&d.schema, schema) && d.format.is(format))
+        {
+            return d.fields.clone();
+        }
+        let fields = Arc::new(fields(schema, |i| format.format_for(i)));
+        *last = Some(Described {
+            schema: schema.clone(),
+            format: FormatKey::of(format),
+            fields: fields.clone(),
+        });
+        fields
+    }
+}
+
 macro_rules! typed {
     ($enc:expr, $array:expr, $row:expr, $ty:ty, $conv:expr) => {{
         let a = $array
@@ -365,4 +438,39 @@ pub fn copy_lines(
         .iter()
         .map(|row| copy_line(row_fields(row).into_iter(), format))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Field;
+    use pgwire::api::portal::Format;
+
+    /// The memo answers only for the very schema and formats it was made for.
+    #[test]
+    fn the_fields_memo_answers_only_for_its_schema_and_formats() {
+        let schema = |name: &str| {
+            Arc::new(Schema::new(vec![
+                Field::new(name, DataType::Int64, true),
+                Field::new("b", DataType::Utf8, true),
+            ]))
+        };
+        let memo = FieldsMemo::default();
+        let first = schema("a");
+        let text = memo.fields(&first, &Format::UnifiedText);
+        assert!(Arc::ptr_eq(&text, &memo.fields(&first, &Format::UnifiedText)));
+        assert_eq!(text[0].format(), FieldFormat::Text);
+        let binary = memo.fields(&first, &Format::UnifiedBinary);
+        assert_eq!(binary[1].format(), FieldFormat::Binary);
+        let mixed = memo.fields(&first, &Format::Individual(vec![1, 0]));
+        assert_eq!(
+            (mixed[0].format(), mixed[1].format()),
+            (FieldFormat::Binary, FieldFormat::Text)
+        );
+        let other = memo.fields(&first, &Format::Individual(vec![0, 1]));
+        assert_eq!(other[1].format(), FieldFormat::Binary);
+        // An equal schema made anew (the table dropped and made again, say) is asked again.
+        let renamed = memo.fields(&schema("c"), &Format::Individual(vec![0, 1]));
+        assert_eq!(renamed[0].name(), "c");
+    }
 }

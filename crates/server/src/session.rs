@@ -38,13 +38,14 @@ use pgwire::api::results::{
     Response, Tag,
 };
 use pgwire::api::stmt::{NoopQueryParser, StoredStatement};
-use pgwire::api::store::PortalStore;
+use pgwire::api::store::{Entry, PortalStore};
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionGuard, ConnectionHandle, ConnectionManager,
-    PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type,
+    PgWireConnectionState, PidSecretKeyGenerator, RandomPidSecretKeyGenerator, Type, DEFAULT_NAME,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::copy::CopyData;
+use pgwire::messages::data::{NoData, RowDescription};
 use pgwire::messages::extendedquery::{Describe, Execute, TARGET_TYPE_BYTE_PORTAL};
 use pgwire::messages::response::{ReadyForQuery, TransactionStatus};
 use pgwire::messages::startup::{Authentication, BackendKeyData, ParameterStatus};
@@ -95,6 +96,9 @@ pub struct Connection {
     /// an error): the extended protocol reads a text at Describe and again at Execute, and a
     /// driver, or a simple Query in a loop, repeats its texts.
     last_statements: std::sync::Mutex<Option<(String, Vec<Arc<ClientStatement>>)>>,
+    /// The result columns last described or sent (a driver describes, then executes, each
+    /// portal).
+    fields: encode::FieldsMemo,
     /// The last query text [`Connection::engine_text`] looked through, and what it names.
     last_mentions: std::sync::Mutex<Option<(String, Mentions)>>,
     pub admission: Admission,
@@ -275,6 +279,7 @@ impl Connection {
             parser: Arc::new(NoopQueryParser::new()),
             cursors: tokio::sync::Mutex::default(),
             last_statements: std::sync::Mutex::default(),
+            fields: encode::FieldsMemo::default(),
             last_mentions: std::sync::Mutex::default(),
         }
     }
@@ -797,20 +802,20 @@ impl Connection {
         Ok(params::resolve_types(declared, &inferred))
     }
 
-    /// The row description of a statement, for Describe messages.
+    /// The row description of a statement, for Describe messages, in `format`.
     async fn describe_fields(
         &self,
         sql: &str,
-        format: impl Fn(usize) -> FieldFormat,
-    ) -> PgWireResult<Vec<FieldInfo>> {
+        format: &Format,
+    ) -> PgWireResult<Arc<Vec<FieldInfo>>> {
         let statement = match self.statement_of(sql).map_err(|e| to_pg(&e))? {
             Some(statement) => statement,
-            None => return Ok(Vec::new()),
+            None => return Ok(Arc::default()),
         };
         Ok(
             match self.describe(&statement).await.map_err(|e| to_pg(&e))? {
-                Some(schema) => encode::fields(&schema, format),
-                None => Vec::new(),
+                Some(schema) => self.fields.fields(&schema, format),
+                None => Arc::default(),
             },
         )
     }
@@ -855,7 +860,7 @@ impl Connection {
                 batches,
                 hold,
             } => {
-                let fields = Arc::new(encode::fields(&schema, |i| format.format_for(i)));
+                let fields = self.fields.fields(&schema, format);
                 let encoding = fields.clone();
                 let rows = per_batch(batches, hold, move |b| encode::rows(&[b], encoding.clone()));
                 Ok(Response::Query(QueryResponse::new(fields, rows)))
@@ -1074,20 +1079,48 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        // A cursor has a name: the unnamed portal (every pgbench round trip) is never one.
-        let named = message.name.as_deref().filter(|n| !n.is_empty());
-        if let (TARGET_TYPE_BYTE_PORTAL, Some(name)) = (message.target_type, named) {
-            if client.portal_store().get_portal(name).is_none() {
-                let schema = self
-                    .cursors
-                    .lock()
-                    .await
-                    .get(name)
-                    .map(|c| c.schema.clone());
-                if let Some(schema) = schema {
-                    let fields = encode::fields(&schema, |_| FieldFormat::Text);
-                    return send_describe_response(client, &DescribePortalResponse::new(fields))
+        if message.target_type == TARGET_TYPE_BYTE_PORTAL {
+            // A cursor has a name: the unnamed portal (every pgbench round trip) is never one.
+            let named = message.name.as_deref().filter(|n| !n.is_empty());
+            match client
+                .portal_store()
+                .get_portal(named.unwrap_or(DEFAULT_NAME))
+            {
+                Some(Entry::Value(portal)) => {
+                    let fields = self
+                        .describe_fields(&portal.statement.statement, &portal.result_column_format)
+                        .await?;
+                    let description = if fields.is_empty() {
+                        PgWireBackendMessage::NoData(NoData::new())
+                    } else {
+                        PgWireBackendMessage::RowDescription(RowDescription::new(
+                            fields.iter().map(Into::into).collect(),
+                        ))
+                    };
+                    // Fed, not flushed: the Sync or Flush that ends the client's batch sends
+                    // it, as PostgreSQL buffers its answers until then.
+                    client.feed(description).await?;
+                    return Ok(());
+                }
+                Some(Entry::Empty) => {}
+                None => {
+                    let schema = match named {
+                        Some(name) => self
+                            .cursors
+                            .lock()
+                            .await
+                            .get(name)
+                            .map(|c| c.schema.clone()),
+                        None => None,
+                    };
+                    if let Some(schema) = schema {
+                        let fields = encode::fields(&schema, |_| FieldFormat::Text);
+                        return send_describe_response(
+                            client,
+                            &DescribePortalResponse::new(fields),
+                        )
                         .await;
+                    }
                 }
             }
         }
@@ -1112,9 +1145,9 @@ impl ExtendedQueryHandler for Connection {
             None => Vec::new(),
         };
         let fields = self
-            .describe_fields(&stmt.statement, |_| FieldFormat::Text)
+            .describe_fields(&stmt.statement, &Format::UnifiedText)
             .await?;
-        Ok(DescribeStatementResponse::new(params, fields))
+        Ok(DescribeStatementResponse::new(params, fields.to_vec()))
     }
 
     async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
@@ -1137,11 +1170,9 @@ impl ExtendedQueryHandler for Connection {
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
         let fields = self
-            .describe_fields(&portal.statement.statement, |i| {
-                portal.result_column_format.format_for(i)
-            })
+            .describe_fields(&portal.statement.statement, &portal.result_column_format)
             .await?;
-        Ok(DescribePortalResponse::new(fields))
+        Ok(DescribePortalResponse::new(fields.to_vec()))
     }
 }
 
