@@ -458,7 +458,10 @@ mod tests {
         let memo = FieldsMemo::default();
         let first = schema("a");
         let text = memo.fields(&first, &Format::UnifiedText);
-        assert!(Arc::ptr_eq(&text, &memo.fields(&first, &Format::UnifiedText)));
+        assert!(Arc::ptr_eq(
+            &text,
+            &memo.fields(&first, &Format::UnifiedText)
+        ));
         assert_eq!(text[0].format(), FieldFormat::Text);
         let binary = memo.fields(&first, &Format::UnifiedBinary);
         assert_eq!(binary[1].format(), FieldFormat::Binary);
