@@ -345,6 +345,14 @@ async fn upstream_server_survives_wire_fuzzing() {
         "SET password_encryption = 'scram-sha-256'; CREATE ROLE fuzz LOGIN PASSWORD '{FUZZ_PASSWORD}'; CREATE ROLE admin LOGIN PASSWORD '{ADMIN_PASSWORD}'"
     ));
     pg.psql("CREATE DATABASE fuzz OWNER fuzz");
+    // A table for COPY FROM STDIN cases to write into (seed `copy_in`, and the mutator's).
+    common::psql_at(
+        pg.port,
+        "fuzz",
+        "fuzz",
+        Some(FUZZ_PASSWORD),
+        &["CREATE TABLE sink (a int, b text)"],
+    );
     // Errors are the point here: PostgreSQL logging each with its statement (8 MB ones
     // among them) would fill the disk over a long run.
     pg.psql("ALTER SYSTEM SET log_min_error_statement = 'panic'");

@@ -71,6 +71,7 @@ const SQL_PIECES: &[&str] = &[
     "BEGIN",
     "ROLLBACK",
     "COPY (SELECT 1) TO STDOUT",
+    "COPY sink FROM STDIN",
     "CREATE WORKLOAD w IN all",
     "DROP WORKLOAD fuzz",
     "\\x",
