@@ -140,6 +140,47 @@ async fn fatal_protocol_violation<S, T>(
     let _ = futures::SinkExt::send(socket, PgWireBackendMessage::ErrorResponse(fatal.into())).await;
 }
 
+/// The messages [`serve_in_session`] answers.
+fn in_session(message: &PgWireFrontendMessage) -> bool {
+    matches!(
+        message,
+        PgWireFrontendMessage::Query(_)
+            | PgWireFrontendMessage::Parse(_)
+            | PgWireFrontendMessage::Bind(_)
+            | PgWireFrontendMessage::Execute(_)
+            | PgWireFrontendMessage::Describe(_)
+            | PgWireFrontendMessage::Flush(_)
+            | PgWireFrontendMessage::Sync(_)
+            | PgWireFrontendMessage::Close(_)
+    )
+}
+
+/// A message of an established session (no COPY under way, no error waiting for its Sync),
+/// to its handler: what pgwire's `process_message` does in that state.
+async fn serve_in_session<S, Q, EQ>(
+    message: PgWireFrontendMessage,
+    socket: &mut Framed<S, PgWireMessageServerCodec<EQ::Statement>>,
+    simple: &Q,
+    extended: &EQ,
+) -> Result<(), PgWireError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static,
+    Q: pgwire::api::query::SimpleQueryHandler,
+    EQ: pgwire::api::query::ExtendedQueryHandler,
+{
+    match message {
+        PgWireFrontendMessage::Query(query) => simple.on_query(socket, query).await,
+        PgWireFrontendMessage::Parse(parse) => extended.on_parse(socket, parse).await,
+        PgWireFrontendMessage::Bind(bind) => extended.on_bind(socket, bind).await,
+        PgWireFrontendMessage::Execute(execute) => extended.on_execute(socket, execute).await,
+        PgWireFrontendMessage::Describe(describe) => extended.on_describe(socket, describe).await,
+        PgWireFrontendMessage::Flush(flush) => extended.on_flush(socket, flush).await,
+        PgWireFrontendMessage::Sync(sync) => extended.on_sync(socket, sync).await,
+        PgWireFrontendMessage::Close(close) => extended.on_close(socket, close).await,
+        _ => Ok(()),
+    }
+}
+
 /// Serves one client connection: TLS negotiation and the message loop of pgwire's
 /// `process_socket`, over a [`Corked`] socket.
 pub async fn process_connection<H: PgWireServerHandlers>(
@@ -326,16 +367,29 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             _ => message.is_extended_query(),
         };
         let is_cancel = matches!(message, PgWireFrontendMessage::CancelRequest(_));
-        let outcome = process_message(
-            message,
-            &mut socket,
-            startup.clone(),
-            simple.clone(),
-            extended.clone(),
-            copy.clone(),
-            cancel.clone(),
-        )
-        .await;
+        // A session's round trips go straight to their handlers: `process_message` takes each
+        // handler by value (five reference counts up and down a message) and is one future
+        // for every state, start-up's included. The states it treats apart go through it.
+        let outcome = match (socket.state(), message) {
+            (
+                PgWireConnectionState::ReadyForQuery | PgWireConnectionState::QueryInProgress,
+                message,
+            ) if in_session(&message) => {
+                serve_in_session(message, &mut socket, &*simple, &*extended).await
+            }
+            (_, message) => {
+                process_message(
+                    message,
+                    &mut socket,
+                    startup.clone(),
+                    simple.clone(),
+                    extended.clone(),
+                    copy.clone(),
+                    cancel.clone(),
+                )
+                .await
+            }
+        };
         // Start-up done: a session-pooled client's upstream backend goes to its forwarder.
         if starting && matches!(socket.state(), PgWireConnectionState::ReadyForQuery) {
             if let Some((forwarder, _)) = forwarding.as_mut() {
