@@ -101,6 +101,9 @@ pub struct Connection {
     /// The result columns last described or sent (a driver describes, then executes, each
     /// portal).
     fields: encode::FieldsMemo,
+    /// pgwire's cancel handle for this connection, kept at start-up (each Execute arms it;
+    /// looking it up in the session's extensions cost a lock and a map lookup each time).
+    cancel_handle: std::sync::OnceLock<Arc<ConnectionHandle>>,
     /// The last query text [`Connection::engine_text`] looked through, and what it names.
     last_mentions: std::sync::Mutex<Option<(String, Mentions)>>,
     pub admission: Admission,
@@ -282,6 +285,7 @@ impl Connection {
             cursors: tokio::sync::Mutex::default(),
             last_statements: std::sync::Mutex::default(),
             fields: encode::FieldsMemo::default(),
+            cancel_handle: std::sync::OnceLock::new(),
             last_mentions: std::sync::Mutex::default(),
         }
     }
@@ -1217,7 +1221,7 @@ impl ExtendedQueryHandler for Connection {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        execute::execute(self, client, message).await
+        execute::execute(self, client, message, self.cancel_handle.get()).await
     }
 
     async fn do_describe_portal<C>(

@@ -26,7 +26,12 @@ use pgwire::messages::response::{CommandComplete, EmptyQueryResponse};
 use pgwire::messages::PgWireBackendMessage;
 
 /// Answers one Execute for `handler` (see the module docs).
-pub(super) async fn execute<H, C>(handler: &H, client: &mut C, message: Execute) -> PgWireResult<()>
+pub(super) async fn execute<H, C>(
+    handler: &H,
+    client: &mut C,
+    message: Execute,
+    cancel_handle: Option<&Arc<ConnectionHandle>>,
+) -> PgWireResult<()>
 where
     H: ExtendedQueryHandler + ?Sized,
     C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -60,7 +65,14 @@ where
     let state = portal.state();
     let mut state = state.lock().await;
     let has_rows = if matches!(*state, PortalExecutionState::Initial) {
-        let cancel = match client.session_extensions().get::<Arc<ConnectionHandle>>() {
+        let handle = match cancel_handle {
+            Some(handle) => Some(handle.clone()),
+            None => client
+                .session_extensions()
+                .get::<Arc<ConnectionHandle>>()
+                .map(|h| Arc::clone(&*h)),
+        };
+        let cancel = match handle {
             Some(handle) => Some(handle.start_query().await),
             None => None,
         };

@@ -66,6 +66,7 @@ impl StartupHandler for Connection {
             .unwrap_or_else(|| SLUICE_PIDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         client.set_pid_and_secret_key(pid, secret.clone());
         let (handle, guard) = self.manager.register(pid, secret.clone());
+        let _ = self.cancel_handle.set(handle.clone());
         client
             .session_extensions()
             .insert::<Arc<ConnectionHandle>>(handle);
