@@ -252,11 +252,12 @@ fn timestamptz_text(utc: NaiveDateTime, zone: &str) -> String {
     timestamp_text(local.naive_local(), &offset)
 }
 
-fn encode_value(
+fn encode_value<'a>(
     enc: &mut DataRowEncoder,
-    array: &ArrayRef,
+    array: &'a ArrayRef,
     row: usize,
-    text: &ArrayFormatter<'_>,
+    text: &mut Option<ArrayFormatter<'a>>,
+    options: &'a FormatOptions<'a>,
     text_format: bool,
 ) -> PgWireResult<()> {
     match array.data_type() {
@@ -273,11 +274,12 @@ fn encode_value(
         DataType::Float16 => typed!(enc, array, row, Float16Array, |v: <datafusion::arrow::array::types::Float16Type as datafusion::arrow::datatypes::ArrowPrimitiveType>::Native| v.to_f32()),
         DataType::Float32 => typed!(enc, array, row, Float32Array, |v: f32| v),
         DataType::Float64 => typed!(enc, array, row, Float64Array, |v: f64| v),
-        DataType::Utf8 => typed!(enc, array, row, StringArray, |v: &str| v.to_string()),
-        DataType::LargeUtf8 => typed!(enc, array, row, LargeStringArray, |v: &str| v.to_string()),
-        DataType::Utf8View => typed!(enc, array, row, StringViewArray, |v: &str| v.to_string()),
-        DataType::Binary => typed!(enc, array, row, BinaryArray, |v: &[u8]| v.to_vec()),
-        DataType::LargeBinary => typed!(enc, array, row, LargeBinaryArray, |v: &[u8]| v.to_vec()),
+        // Borrowed from the array: no copy of each value before it is encoded.
+        DataType::Utf8 => typed!(enc, array, row, StringArray, std::convert::identity),
+        DataType::LargeUtf8 => typed!(enc, array, row, LargeStringArray, std::convert::identity),
+        DataType::Utf8View => typed!(enc, array, row, StringViewArray, std::convert::identity),
+        DataType::Binary => typed!(enc, array, row, BinaryArray, std::convert::identity),
+        DataType::LargeBinary => typed!(enc, array, row, LargeBinaryArray, std::convert::identity),
         DataType::Date32 => typed!(enc, array, row, Date32Array, |v: i32| {
             NaiveDate::from_num_days_from_ce_opt(v + 719_163).unwrap_or_default()
         }),
@@ -329,26 +331,39 @@ fn encode_value(
             use datafusion::arrow::array::AsArray;
             list_field(enc, &array.as_list::<i64>().value(row))
         }
-        _ => enc.encode_field(&text.value(row).to_string()),
+        _ => {
+            // Made for the first value that needs it (most columns never do).
+            let text = match text {
+                Some(text) => text,
+                None => text.insert(
+                    ArrayFormatter::try_new(array.as_ref(), options)
+                        .map_err(|e| pgwire::error::PgWireError::ApiError(Box::new(e)))?,
+                ),
+            };
+            enc.encode_field(&text.value(row).to_string())
+        }
     }
 }
 
 /// Encodes every row of `batches` for `fields`.
 pub fn rows(batches: &[RecordBatch], fields: Arc<Vec<FieldInfo>>) -> PgWireResult<Vec<DataRow>> {
     let options = FormatOptions::default().with_null("");
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(batches.iter().map(|b| b.num_rows()).sum());
     let mut enc = DataRowEncoder::new(fields.clone());
     for batch in batches {
-        let formatters: Vec<ArrayFormatter<'_>> = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<Result<_, _>>()
-            .map_err(|e| pgwire::error::PgWireError::ApiError(Box::new(e)))?;
+        let mut formatters: Vec<Option<ArrayFormatter<'_>>> =
+            batch.columns().iter().map(|_| None).collect();
         for row in 0..batch.num_rows() {
             for (col, array) in batch.columns().iter().enumerate() {
                 let text_format = fields[col].format() == FieldFormat::Text;
-                encode_value(&mut enc, array, row, &formatters[col], text_format)?;
+                encode_value(
+                    &mut enc,
+                    array,
+                    row,
+                    &mut formatters[col],
+                    &options,
+                    text_format,
+                )?;
             }
             out.push(enc.take_row());
         }
