@@ -379,6 +379,11 @@ impl Session for EmbeddedSession {
             .await
     }
 
+    fn columns_generation(&self) -> Option<u64> {
+        // The plan cache's own count: what it keeps a plan (and its columns) against.
+        Some(self.inner.generation.load(Ordering::SeqCst))
+    }
+
     async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<DataType>>> {
         let sql = sql.to_string();
         self.on_engine(|inner| async move {

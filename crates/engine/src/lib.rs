@@ -142,6 +142,13 @@ pub trait Session: Send + Sync + std::fmt::Debug {
     /// returns no rows.
     async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>>;
 
+    /// A count that moves whenever what [`Session::describe`] says of a text may have changed
+    /// (a table made, dropped or refreshed, a statement applied, the time zone set), so a
+    /// caller may keep its answer while the count stays; `None`: no such count, ask each time.
+    fn columns_generation(&self) -> Option<u64> {
+        None
+    }
+
     /// The types of a statement's placeholders `$1`, `$2`, … in order, as far as the engine
     /// can infer them (`None`: not inferable, e.g. a bare `SELECT $1`).
     async fn parameter_types(&self, sql: &str) -> Result<Vec<Option<DataType>>>;

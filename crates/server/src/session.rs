@@ -101,6 +101,9 @@ pub struct Connection {
     /// The result columns last described or sent (a driver describes, then executes, each
     /// portal).
     fields: encode::FieldsMemo,
+    /// The columns of the query last described, while the engine's columns count stands (a
+    /// driver describes each statement it runs).
+    described: Described,
     /// pgwire's cancel handle for this connection, kept at start-up (each Execute arms it;
     /// looking it up in the session's extensions cost a lock and a map lookup each time).
     cancel_handle: std::sync::OnceLock<Arc<ConnectionHandle>>,
@@ -286,6 +289,7 @@ impl Connection {
             last_statements: std::sync::Mutex::default(),
             fields: encode::FieldsMemo::default(),
             cancel_handle: std::sync::OnceLock::new(),
+            described: Described::default(),
             last_mentions: std::sync::Mutex::default(),
         }
     }
@@ -814,16 +818,28 @@ impl Connection {
         sql: &str,
         format: &Format,
     ) -> PgWireResult<Arc<Vec<FieldInfo>>> {
-        let statement = match self.statement_of(sql).map_err(|e| to_pg(&e))? {
-            Some(statement) => statement,
-            None => return Ok(Arc::default()),
+        // Read before describing: an answer is kept against the count as it was before it
+        // was made, so any change while it was made retires it.
+        let generation = self.session.get().and_then(|s| s.columns_generation());
+        let schema = match generation.and_then(|g| self.described.get(sql, g)) {
+            Some(schema) => schema,
+            None => {
+                let statement = match self.statement_of(sql).map_err(|e| to_pg(&e))? {
+                    Some(statement) => statement,
+                    None => return Ok(Arc::default()),
+                };
+                let schema = self.describe(&statement).await.map_err(|e| to_pg(&e))?;
+                // Only a query's columns follow the engine's count (a cursor's, say, do not).
+                if let (ClientStatement::Query(_), Some(generation)) = (&*statement, generation) {
+                    self.described.keep(sql, generation, schema.clone());
+                }
+                schema
+            }
         };
-        Ok(
-            match self.describe(&statement).await.map_err(|e| to_pg(&e))? {
-                Some(schema) => self.fields.fields(&schema, format),
-                None => Arc::default(),
-            },
-        )
+        Ok(match schema {
+            Some(schema) => self.fields.fields(&schema, format),
+            None => Arc::default(),
+        })
     }
 
     fn respond(&self, outcome: Outcome, format: &Format) -> PgWireResult<Response> {
@@ -1263,6 +1279,33 @@ impl Connection {
             self.parameter_types(statement, sql, declared).await
         } else {
             Ok(params::resolve_types(declared, &[]))
+        }
+    }
+}
+
+/// A query text's columns as the engine last described them, with the engine's columns
+/// count ([`sluice_engine::Session::columns_generation`]) they hold for.
+#[derive(Debug, Default)]
+struct Described(std::sync::Mutex<Option<(String, u64, Option<Arc<Schema>>)>>);
+
+impl Described {
+    fn get(&self, sql: &str, generation: u64) -> Option<Option<Arc<Schema>>> {
+        let kept = self.0.lock().ok()?;
+        let (text, at, schema) = kept.as_ref()?;
+        (*at == generation && text == sql).then(|| schema.clone())
+    }
+
+    fn keep(&self, sql: &str, generation: u64, schema: Option<Arc<Schema>>) {
+        let Ok(mut kept) = self.0.lock() else { return };
+        match kept.as_mut() {
+            // The buffer reused.
+            Some((text, at, columns)) => {
+                text.clear();
+                text.push_str(sql);
+                *at = generation;
+                *columns = schema;
+            }
+            None => *kept = Some((sql.to_string(), generation, schema)),
         }
     }
 }

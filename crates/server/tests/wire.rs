@@ -107,6 +107,45 @@ async fn bind_parameters_are_typed_and_bound() {
     server.stop().await;
 }
 
+/// A statement's columns, kept by the connection between Describes (a driver describes each
+/// statement it runs), follow the table they come from when another session changes it.
+#[tokio::test]
+async fn described_columns_follow_their_table() {
+    use tokio_postgres::types::Type;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    let other = server.client().await;
+    client
+        .batch_execute("CREATE TABLE t (a BIGINT); INSERT INTO t VALUES (1)")
+        .await
+        .expect("table");
+    let columns = |s: &tokio_postgres::Statement| -> Vec<(String, Type)> {
+        s.columns()
+            .iter()
+            .map(|c| (c.name().to_string(), c.type_().clone()))
+            .collect()
+    };
+    for _ in 0..3 {
+        let s = client.prepare("SELECT * FROM t").await.expect("prepare");
+        assert_eq!(columns(&s), [("a".to_string(), Type::INT8)]);
+    }
+    other
+        .batch_execute(
+            "DROP TABLE t; CREATE TABLE t (b TEXT, c BIGINT); INSERT INTO t VALUES ('x', 2)",
+        )
+        .await
+        .expect("table made again");
+    let s = client.prepare("SELECT * FROM t").await.expect("prepare");
+    assert_eq!(
+        columns(&s),
+        [("b".to_string(), Type::TEXT), ("c".to_string(), Type::INT8)]
+    );
+    let row = client.query_one(&s, &[]).await.expect("runs");
+    assert_eq!(row.get::<_, &str>(0), "x");
+    server.stop().await;
+}
+
 /// A table function's arguments take parameters as PostgreSQL's do (DataFusion plans a table
 /// function with its arguments and took literals only: `generate_series(1, $1)` failed to
 /// plan at Parse).
