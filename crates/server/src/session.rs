@@ -1286,26 +1286,39 @@ impl Connection {
 /// A query text's columns as the engine last described them, with the engine's columns
 /// count ([`sluice_engine::Session::columns_generation`]) they hold for.
 #[derive(Debug, Default)]
-struct Described(std::sync::Mutex<Option<(String, u64, Option<Arc<Schema>>)>>);
+struct Described(std::sync::Mutex<Option<DescribedText>>);
+
+#[derive(Debug)]
+struct DescribedText {
+    text: String,
+    generation: u64,
+    columns: Option<Arc<Schema>>,
+}
 
 impl Described {
     fn get(&self, sql: &str, generation: u64) -> Option<Option<Arc<Schema>>> {
         let kept = self.0.lock().ok()?;
-        let (text, at, schema) = kept.as_ref()?;
-        (*at == generation && text == sql).then(|| schema.clone())
+        let kept = kept.as_ref()?;
+        (kept.generation == generation && kept.text == sql).then(|| kept.columns.clone())
     }
 
-    fn keep(&self, sql: &str, generation: u64, schema: Option<Arc<Schema>>) {
+    fn keep(&self, sql: &str, generation: u64, columns: Option<Arc<Schema>>) {
         let Ok(mut kept) = self.0.lock() else { return };
         match kept.as_mut() {
             // The buffer reused.
-            Some((text, at, columns)) => {
-                text.clear();
-                text.push_str(sql);
-                *at = generation;
-                *columns = schema;
+            Some(kept) => {
+                kept.text.clear();
+                kept.text.push_str(sql);
+                kept.generation = generation;
+                kept.columns = columns;
             }
-            None => *kept = Some((sql.to_string(), generation, schema)),
+            None => {
+                *kept = Some(DescribedText {
+                    text: sql.to_string(),
+                    generation,
+                    columns,
+                })
+            }
         }
     }
 }
