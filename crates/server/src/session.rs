@@ -435,6 +435,19 @@ impl Connection {
             }
             return self.run_query(user, query, params, notices).await;
         }
+        // Boxed: their futures are more than twice a query's, and `run`'s is as large as
+        // its largest arm; every statement's future is copied whole into pgwire's box.
+        Box::pin(self.run_other(user, statement, params, notices)).await
+    }
+
+    /// The statements that are not queries (sluice's own, cursors, transactions, COPY).
+    async fn run_other(
+        &self,
+        user: &Arc<str>,
+        statement: &ClientStatement,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+    ) -> Result<Outcome> {
         match statement.clone() {
             ClientStatement::Workload(stmt) => {
                 if !self.shared.logins.is_admin(user) {
