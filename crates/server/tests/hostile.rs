@@ -95,6 +95,53 @@ where
     }
 }
 
+/// The answers to Parse, Bind, Describe and Execute wait for the client's Sync, as
+/// PostgreSQL's do — and a Flush sends them without one (a driver fetching a portal in parts
+/// asks so); the Sync then ends the round trip. (Held answers live in two buffers, the codec's
+/// and the corked socket's: a Flush must empty both.)
+#[tokio::test]
+async fn a_flush_sends_the_extended_protocols_answers_before_any_sync() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let mut client = RawClient::connect(server.port).await;
+    let message = |tag: u8, body: &[u8]| {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    };
+    let mut round = Vec::new();
+    round.extend(message(b'P', b"\0SELECT 1 AS one\0\0\0"));
+    round.extend(message(b'B', b"\0\0\0\0\0\0\0\0"));
+    round.extend(message(b'D', b"P\0"));
+    round.extend(message(b'E', b"\0\0\0\0\0"));
+    round.extend(message(b'H', b""));
+    client.socket.write_all(&round).await.expect("sent");
+    let mut tags = Vec::new();
+    while tags.last() != Some(&b'C') {
+        let mut header = [0u8; 5];
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.socket.read_exact(&mut header),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the Flush is answered; so far {tags:?}"))
+        .expect("a message");
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        client.socket.read_exact(&mut body).await.expect("its body");
+        tags.push(header[0]);
+    }
+    assert_eq!(tags, b"12TDC", "{:?}", String::from_utf8_lossy(&tags));
+    client
+        .socket
+        .write_all(&message(b'S', b""))
+        .await
+        .expect("sync");
+    client.until(b'Z').await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_client_that_closes_while_waiting_leaves_the_queue_at_once() {
     let (_dir, server, admin) = started_with(ONE_SLOT, false).await;
