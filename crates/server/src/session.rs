@@ -428,12 +428,7 @@ impl Connection {
         // A query, the statement of nearly every round trip, runs from the memo's copy; the
         // rest take theirs apart.
         if let ClientStatement::Query(query) = statement {
-            if query.kind != StatementKind::Select {
-                if let Block::Open { wrote } = &mut *self.block() {
-                    *wrote |= query.kind != StatementKind::Utility;
-                }
-            }
-            return self.run_query(user, query, params, notices).await;
+            return self.run_client_query(user, query, params, notices).await;
         }
         // Boxed: their futures are more than twice a query's, and `run`'s is as large as
         // its largest arm; every statement's future is copied whole into pgwire's box.
@@ -683,8 +678,27 @@ impl Connection {
                 }
                 Ok(Outcome::Command(Tag::new("CLOSE CURSOR")))
             }
-            ClientStatement::Query(_) => unreachable!("run above"),
+            // (Run by `run` itself; answered the same way here.)
+            ClientStatement::Query(query) => {
+                self.run_client_query(user, &query, params, notices).await
+            }
         }
+    }
+
+    /// A client's query: noted in its transaction block if it writes, then run.
+    async fn run_client_query(
+        &self,
+        user: &Arc<str>,
+        query: &Query,
+        params: Vec<ScalarValue>,
+        notices: &mut dyn Notices,
+    ) -> Result<Outcome> {
+        if query.kind != StatementKind::Select {
+            if let Block::Open { wrote } = &mut *self.block() {
+                *wrote |= query.kind != StatementKind::Utility;
+            }
+        }
+        self.run_query(user, query, params, notices).await
     }
 
     async fn run_query(

@@ -30,13 +30,8 @@ const STARTUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// the bytes stay for the TLS negotiation.
 async fn first_length_is_a_packets(tcp: &TcpStream) -> bool {
     let mut head = [0u8; 4];
-    loop {
-        match tcp.peek(&mut head).await {
-            Ok(0) | Err(_) => return false,
-            Ok(4) => break,
-            // A few bytes so far: wait for the rest (within the start-up deadline).
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
-        }
+    if !matches!(peek_all(tcp, &mut head).await, Ok(true)) {
+        return false;
     }
     // A TLS ClientHello (direct TLS) begins with a record header, not a length.
     if head[0] == 0x16 || (8..=MAX_STARTUP_PACKET).contains(&u32::from_be_bytes(head)) {
@@ -48,6 +43,18 @@ async fn first_length_is_a_packets(tcp: &TcpStream) -> bool {
     let _ = tcp.try_read(&mut arrived);
     tracing::debug!("connection closed before its start-up: a length of {head:?}");
     false
+}
+
+/// Peeks until `into` is full: `false` if the client closed first. A few bytes so far are
+/// waited on (the caller bounds the wait with the start-up deadline).
+async fn peek_all(tcp: &TcpStream, into: &mut [u8]) -> io::Result<bool> {
+    loop {
+        match tcp.peek(into).await? {
+            0 => return Ok(false),
+            n if n == into.len() => return Ok(true),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+        }
+    }
 }
 
 /// The codes of the requests for an encrypted connection (protocol "versions" 1234.5679 and
@@ -66,15 +73,10 @@ async fn refuse_encryption(tcp: &mut TcpStream, ssl_offered: bool) -> io::Result
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut ssl_refused, mut gss_refused) = (false, false);
     loop {
+        // A start-up packet is at least eight bytes.
         let mut head = [0u8; 8];
-        loop {
-            match tcp.peek(&mut head).await? {
-                0 => return Ok(false),
-                8 => break,
-                // A start-up packet is at least eight bytes: wait for them (within the
-                // start-up deadline).
-                _ => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
-            }
+        if !peek_all(tcp, &mut head).await? {
+            return Ok(false);
         }
         let length = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
         let code = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
@@ -140,23 +142,9 @@ async fn fatal_protocol_violation<S, T>(
     let _ = futures::SinkExt::send(socket, PgWireBackendMessage::ErrorResponse(fatal.into())).await;
 }
 
-/// The messages [`serve_in_session`] answers.
-fn in_session(message: &PgWireFrontendMessage) -> bool {
-    matches!(
-        message,
-        PgWireFrontendMessage::Query(_)
-            | PgWireFrontendMessage::Parse(_)
-            | PgWireFrontendMessage::Bind(_)
-            | PgWireFrontendMessage::Execute(_)
-            | PgWireFrontendMessage::Describe(_)
-            | PgWireFrontendMessage::Flush(_)
-            | PgWireFrontendMessage::Sync(_)
-            | PgWireFrontendMessage::Close(_)
-    )
-}
-
 /// A message of an established session (no COPY under way, no error waiting for its Sync),
-/// to its handler: what pgwire's `process_message` does in that state.
+/// to its handler: what pgwire's `process_message` does in that state, a CancelRequest (which
+/// it answers in any state) aside.
 async fn serve_in_session<S, Q, EQ>(
     message: PgWireFrontendMessage,
     socket: &mut Framed<S, PgWireMessageServerCodec<EQ::Statement>>,
@@ -374,9 +362,7 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             (
                 PgWireConnectionState::ReadyForQuery | PgWireConnectionState::QueryInProgress,
                 message,
-            ) if in_session(&message) => {
-                serve_in_session(message, &mut socket, &*simple, &*extended).await
-            }
+            ) if !is_cancel => serve_in_session(message, &mut socket, &*simple, &*extended).await,
             (_, message) => {
                 process_message(
                     message,

@@ -65,14 +65,7 @@ where
     let state = portal.state();
     let mut state = state.lock().await;
     let has_rows = if matches!(*state, PortalExecutionState::Initial) {
-        let handle = match cancel_handle {
-            Some(handle) => Some(handle.clone()),
-            None => client
-                .session_extensions()
-                .get::<Arc<ConnectionHandle>>()
-                .map(|h| Arc::clone(&*h)),
-        };
-        let cancel = match handle {
+        let cancel = match cancel_handle {
             Some(handle) => Some(handle.start_query().await),
             None => None,
         };
