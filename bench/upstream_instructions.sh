@@ -8,6 +8,9 @@
 #
 #   bench/upstream_instructions.sh [TRANSACTIONS_PER_CLIENT]      (default 1000, 4 clients)
 #
+# CLIENTS=n sets the clients (default 4; at most 45: the benchmark's PostgreSQL takes 50
+# connections, and session pooling gives each client its own).
+#
 # SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it;
 # PGBOUNCER=1 adds PgBouncer's count (session pooling; needs pgbouncer). RELAYS=1 adds the
 # bare relays of bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), the
@@ -23,7 +26,7 @@ cd "$(dirname "$0")/.."
 
 per_client="${1:-1000}"
 pool_mode="${POOL_MODE:-session}"
-clients=4
+clients="${CLIENTS:-4}"
 need_tools pgbench initdb pg_ctl valgrind callgrind_control
 bench_dir
 pg_port=54342

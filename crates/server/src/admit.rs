@@ -173,6 +173,12 @@ impl Future for Stop {
     }
 }
 
+/// Whether `resource` plays `role` (the snapshot's roles share their names with its parts).
+fn is_role(role: &Option<Arc<str>>, resource: &Arc<str>) -> bool {
+    role.as_ref()
+        .is_some_and(|r| Arc::ptr_eq(r, resource) || r == resource)
+}
+
 /// The hard limit's error. Told apart from a demotion in words: the statement failed and is
 /// not retried (a soft deadline, `demote_after`, moves a statement and lets it finish).
 fn timeout_exceeded(limit: Duration, grant: Option<&Arc<Mutex<Grant>>>) -> Error {
@@ -239,9 +245,9 @@ fn client_gone() -> Error {
 /// forwarder both hold it; neither reaches into the other.
 pub struct Admission {
     shared: Arc<Shared>,
-    /// Session variables: `workload`, and whatever else clients `SET`.
-    /// (foldhash: every statement looks its workload up here.)
-    vars: Mutex<HashMap<String, String, foldhash::fast::RandomState>>,
+    /// Session variables (`workload`, and whatever else clients `SET`) and what admission
+    /// made of them.
+    vars: Mutex<Vars>,
     watch: Arc<ClientWatch>,
     /// This connection's cancel key, registered at its first statement.
     cancel: std::sync::OnceLock<CancelKey>,
@@ -262,6 +268,34 @@ pub struct Admission {
     /// The metrics series its statements were admitted under, by resource and workload (a
     /// connection uses few; series live as long as the server).
     series: Mutex<Vec<KeptSeries>>,
+}
+
+/// A connection's session variables, and its [`SessionPlan`] while they stand.
+#[derive(Default)]
+struct Vars {
+    values: HashMap<String, String, foldhash::fast::RandomState>,
+    /// Made at the first statement after a change to `values` (dropped by each change).
+    plan: Option<Arc<SessionPlan>>,
+}
+
+/// What admission reads of a session and of its user — the same for each of its statements
+/// until a `SET` changes a variable (the users are fixed while the server runs) — read once
+/// instead of at every statement: three lookups by name in the variables, three in the users.
+/// A statement's own `SETTINGS` come before it, as they come before the session's values.
+#[derive(Debug)]
+struct SessionPlan {
+    /// Whom it was made for (a connection's statements are all its user's).
+    user: Arc<str>,
+    /// The workload chosen when the statement names none ([`Admission::chosen_workload`]):
+    /// the user's pinned one, else the session's `workload`; `None`: classifiers decide.
+    chosen: Result<Option<Arc<str>>>,
+    /// Where a statement nobody placed runs: the user's `default_workload`, else `default`.
+    fallback: Arc<str>,
+    /// The session's `workload_admission_timeout_ms`, else the user's default.
+    admission_timeout: Result<Option<Duration>>,
+    user_pinned: bool,
+    /// The user's `max_execution_time`.
+    max_execution_time: Option<Duration>,
 }
 
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
@@ -329,15 +363,53 @@ impl Admission {
     /// `f` of session variable `name`, read in place.
     pub fn with_var<R>(&self, name: &str, f: impl FnOnce(Option<&str>) -> R) -> R {
         let vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
-        f(vars.get(name).map(String::as_str))
+        f(vars.values.get(name).map(String::as_str))
     }
 
     pub fn set_var(&self, name: &str, value: Option<String>) {
         let mut vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
         match value {
-            Some(v) => vars.insert(name.to_string(), v),
-            None => vars.remove(name),
+            Some(v) => vars.values.insert(name.to_string(), v),
+            None => vars.values.remove(name),
         };
+        vars.plan = None;
+    }
+
+    /// The session's [`SessionPlan`] for `user`, made now if a variable changed since the last.
+    fn plan(&self, user: &Arc<str>) -> Arc<SessionPlan> {
+        let mut vars = self.vars.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(plan) = vars.plan.as_ref().filter(|p| p.user == *user) {
+            return plan.clone();
+        }
+        let session_workload = vars.values.get("workload").map(|w| self.shared_name(w));
+        let config = self.shared.users.get(user);
+        let pinned = config.and_then(|u| u.pinned_workload.as_deref());
+        let chosen = match (pinned, session_workload) {
+            (Some(pinned), requested) => requested
+                .map_or(Ok(()), |r| self.check_pinned(user, &r))
+                .map(|()| Some(Arc::from(pinned))),
+            (None, requested) => Ok(requested),
+        };
+        let admission_timeout = match vars.values.get("workload_admission_timeout_ms") {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<u64>().map(|ms| Some(Duration::from_millis(ms))).map_err(|_| {
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("setting 'workload_admission_timeout_ms' takes milliseconds (an integer), got '{v}'"),
+                )
+            }),
+        }
+        .map(|session| session.or_else(|| config.and_then(|u| u.admission_timeout)));
+        let plan = Arc::new(SessionPlan {
+            user: user.clone(),
+            chosen,
+            fallback: Arc::from(self.fallback_workload(user)),
+            admission_timeout,
+            user_pinned: pinned.is_some(),
+            max_execution_time: config.and_then(|u| u.max_execution_time),
+        });
+        vars.plan = Some(plan.clone());
+        plan
     }
 
     /// The user the client logged in as, shared by its statements' records (it is fixed once
@@ -408,7 +480,7 @@ impl Admission {
     /// it, with what it was judged on. Dry-run rules that match before it count and log.
     fn classify(
         &self,
-        user: &str,
+        plan: &SessionPlan,
         query: &Query,
         tags: &[(String, String)],
         catalog: &sluice_catalog::Catalog,
@@ -418,6 +490,7 @@ impl Admission {
             return None;
         }
         let application_name = self.var("application_name");
+        let user = &*plan.user;
         let facts = sluice_catalog::Facts {
             user,
             database: self.database.get().map(String::as_str),
@@ -438,7 +511,7 @@ impl Admission {
         Some(Arc::new(crate::registry::Classified {
             rule: rule.clone(),
             facts: sluice_catalog::OwnedFacts::of(&facts),
-            fallback: self.fallback_workload(user).to_string(),
+            fallback: plan.fallback.to_string(),
         }))
     }
 
@@ -450,27 +523,6 @@ impl Admission {
             )),
             _ => Ok(()),
         }
-    }
-
-    /// How long a statement may wait for admission: the query's `workload_admission_timeout_ms`,
-    /// else the session's (`SET`), else its user's default; 0 (or nothing) is no limit.
-    fn admission_timeout(&self, user: &str, query: Option<Duration>) -> Result<Option<Duration>> {
-        let session = self.with_var("workload_admission_timeout_ms", |v| match v {
-            None => Ok(None),
-            Some(v) => Ok(Some(Duration::from_millis(v.trim().parse::<u64>().map_err(|_| {
-                Error::new(
-                    ErrorCode::BadArguments,
-                    format!("setting 'workload_admission_timeout_ms' takes milliseconds (an integer), got '{v}'"),
-                )
-            })?))),
-        })?;
-        let chosen = query.or(session).or_else(|| {
-            self.shared
-                .users
-                .get(user)
-                .and_then(|u| u.admission_timeout)
-        });
-        Ok(chosen.filter(|d| !d.is_zero()))
     }
 
     /// What ends a statement early, once admitted (see [`Stop`]).
@@ -505,7 +557,11 @@ impl Admission {
         record: &mut Option<RunRecord>,
     ) -> Result<Admitted> {
         let settings = query_settings(&query.settings)?;
-        let chosen = self.chosen_workload(user, settings.workload.clone())?;
+        let plan = self.plan(user);
+        let chosen = match &settings.workload {
+            None => plan.chosen.clone()?,
+            Some(requested) => self.chosen_workload(user, Some(requested.clone()))?,
+        };
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));
         }
@@ -513,17 +569,17 @@ impl Admission {
         let fingerprint = kept(memo.map(|m| &m.fingerprint), || self.fingerprint_of(query));
         let classified = match chosen {
             Some(_) => None,
-            None => self.classify(user, query, &fingerprint.tags, &snapshot.catalog),
+            None => self.classify(&plan, query, &fingerprint.tags, &snapshot.catalog),
         };
         let requested = match (chosen, &classified) {
             (Some(w), _) => w,
             (None, Some(c)) => self.shared_name(&c.rule.workload),
-            (None, None) => self.shared_name(self.fallback_workload(user)),
+            (None, None) => plan.fallback.clone(),
         };
         let judged_by = snapshot.catalog.lanes(&requested).demotion;
         let workload = self.lane_of(
             &snapshot.catalog,
-            user,
+            plan.user_pinned,
             requested,
             judged_by.as_ref(),
             &fingerprint,
@@ -541,7 +597,7 @@ impl Admission {
             judged_by,
         ));
         self.admit_in(
-            user, &workload, classified, &text, settings, notices, record,
+            &plan, &workload, classified, &text, settings, notices, record,
         )
         .await
     }
@@ -592,16 +648,11 @@ impl Admission {
     fn lane_of(
         &self,
         catalog: &sluice_catalog::Catalog,
-        user: &str,
+        user_pinned: bool,
         requested: Arc<str>,
         demotion: Option<&sluice_catalog::Demotion>,
         fingerprint: &sluice_sql::Fingerprint,
     ) -> Arc<str> {
-        let user_pinned = self
-            .shared
-            .users
-            .get(user)
-            .is_some_and(|u| u.pinned_workload.is_some());
         crate::lanes::lane_for(
             &self.shared.lanes,
             catalog,
@@ -612,14 +663,12 @@ impl Admission {
         .map_or(requested, |lane| self.shared_name(&lane))
     }
 
-    /// Waits for one slot of each resource of `order` in turn (a QUERY slot, a master thread),
-    /// adding each permit to `attachments`. A `MOVE QUERY` meanwhile moves the request and the
-    /// permits already held to the new `workload`; a kill, the client going away, shutdown or
-    /// the admission deadline end the wait with their error.
+    /// A slot of `part` (a resource and its scheduler; `None`: the tree has none, nothing to
+    /// take) for the statement, at once or waited for.
     #[allow(clippy::too_many_arguments)]
-    async fn wait_for_slots(
+    async fn take_slot(
         &self,
-        order: &[(&String, &sluice_sched::ResourceScheduler)],
+        part: Option<(&Arc<str>, &sluice_sched::ResourceScheduler)>,
         guard: &ProcessGuard,
         snapshot: &Snapshot,
         workload: &mut Arc<str>,
@@ -627,54 +676,154 @@ impl Admission {
         admission_deadline: Option<(tokio::time::Instant, Duration)>,
         notices: &mut dyn Notices,
     ) -> Result<()> {
-        let mut resources = order.iter().copied();
-        let mut next = resources.next();
-        let mut shown_waiting = false;
-        'resources: while let Some((resource, scheduler)) = next {
+        let Some((resource, scheduler)) = part else {
+            return Ok(());
+        };
+        match self.ask_slot(resource, scheduler, guard, snapshot, workload, attachments)? {
+            None => Ok(()),
+            // The wait's state (its `select!` over six futures) is boxed: the statements that
+            // never wait do not carry it in their futures.
+            Some(acquire) => {
+                Box::pin(self.wait_for_slot(
+                    resource,
+                    scheduler,
+                    acquire,
+                    guard,
+                    snapshot,
+                    workload,
+                    attachments,
+                    admission_deadline,
+                    notices,
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Asks for a slot of `resource` in `workload`: taken at once when one is free (most
+    /// statements: its attachment is added to `attachments`, nothing waits, the clock is not
+    /// read), `None` also when the workload has no queue in it; otherwise the request to wait
+    /// on ([`Admission::wait_for_slot`]).
+    fn ask_slot(
+        &self,
+        resource: &Arc<str>,
+        scheduler: &sluice_sched::ResourceScheduler,
+        guard: &ProcessGuard,
+        snapshot: &Snapshot,
+        workload: &Arc<str>,
+        attachments: &mut Vec<Attachment>,
+    ) -> Result<Option<sluice_sched::Acquire>> {
+        let acquired = scheduler.acquire_known(workload, 1).inspect_err(|e| {
+            if e.code == ErrorCode::ServerOverloaded {
+                self.series(resource, workload).rejected();
+            }
+        })?;
+        let Some(mut acquire) = acquired else {
+            if self.shared.options.throw_on_unknown_workload {
+                return Err(access_denied(resource));
+            }
+            return Ok(None);
+        };
+        if !acquire.is_granted() {
+            return Ok(Some(acquire));
+        }
+        // Decided already: its first poll is ready.
+        let Some(permit) = futures::FutureExt::now_or_never(&mut acquire) else {
+            return Ok(Some(acquire));
+        };
+        let permit = permit?;
+        let series = self.series(resource, workload);
+        let attached = self.attachment(
+            resource,
+            permit,
+            &series,
+            Duration::ZERO,
+            guard,
+            snapshot,
+            workload,
+        );
+        attachments.push(attached);
+        Ok(None)
+    }
+
+    /// What holding `permit` of `resource` is: its gauge, its admission-log entry (a QUERY
+    /// slot's), its CPU slot number (a master thread's is the statement's slot 0; its workers
+    /// are 1..).
+    #[allow(clippy::too_many_arguments)]
+    fn attachment(
+        &self,
+        resource: &Arc<str>,
+        permit: sluice_sched::Permit,
+        series: &Arc<crate::metrics::Series>,
+        waited: Duration,
+        guard: &ProcessGuard,
+        snapshot: &Snapshot,
+        workload: &Arc<str>,
+    ) -> Attachment {
+        let logged = self
+            .shared
+            .admission_log
+            .as_ref()
+            .filter(|_| is_role(&snapshot.roles.query, resource))
+            .map(|log| log.admitted(guard.query_id, workload, permit.dequeued_at()));
+        Attachment {
+            resource: resource.clone(),
+            in_flight: series.admitted(waited),
+            logged,
+            cpu_slot: is_role(&snapshot.roles.master, resource).then_some(0),
+            permit,
+        }
+    }
+
+    /// Waits for the slot of `resource` that `acquire` asked for, adding its permit to
+    /// `attachments`, and tells the client it waits. A `MOVE QUERY` meanwhile moves the request
+    /// and the permits already held to the new `workload`; a kill, the client going away,
+    /// shutdown or the admission deadline end the wait with their error.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_for_slot(
+        &self,
+        resource: &Arc<str>,
+        scheduler: &sluice_sched::ResourceScheduler,
+        acquire: sluice_sched::Acquire,
+        guard: &ProcessGuard,
+        snapshot: &Snapshot,
+        workload: &mut Arc<str>,
+        attachments: &mut Vec<Attachment>,
+        admission_deadline: Option<(tokio::time::Instant, Duration)>,
+        notices: &mut dyn Notices,
+    ) -> Result<()> {
+        let is_query = is_role(&snapshot.roles.query, resource);
+        guard.waiting_for(Some(resource));
+        notices
+            .notice(
+                Severity::Notice,
+                "00000",
+                format!(
+                    "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
+                    acquire.queue_path(),
+                    guard.query_id
+                ),
+            )
+            .await;
+        let mut next = Some(acquire);
+        // One request at a time: a move that could not take the request along asks again in
+        // the new workload.
+        while let Some(mut acquire) = next.take() {
             let arrived = std::time::Instant::now();
-            let acquired = scheduler.acquire_known(workload, 1).inspect_err(|e| {
-                if e.code == ErrorCode::ServerOverloaded {
-                    self.series(resource, workload).rejected();
-                }
-            })?;
-            let Some(mut acquire) = acquired else {
-                if self.shared.options.throw_on_unknown_workload {
-                    return Err(access_denied(resource));
-                }
-                next = resources.next();
-                continue;
-            };
+            let waited = self
+                .shared
+                .admission_log
+                .as_ref()
+                .filter(|_| is_query)
+                .map(|log| log.waits(guard.query_id, workload));
             let mut series = self.series(resource, workload);
             let mut counted_waiting = series.waiting();
-            let is_query = snapshot.roles.query.as_deref() == Some(resource.as_str());
-            let mut waited = None;
-            if !acquire.is_granted() {
-                waited = self
-                    .shared
-                    .admission_log
-                    .as_ref()
-                    .filter(|_| is_query)
-                    .map(|log| log.waits(guard.query_id, workload));
-                shown_waiting = true;
-                guard.waiting_for(Some(resource));
-                notices
-                    .notice(
-                        Severity::Notice,
-                        "00000",
-                        format!(
-                            "waiting for resource '{resource}' in workload '{workload}' (queue {}); system.processes shows it as query_id {}",
-                            acquire.queue_path(),
-                            guard.query_id
-                        ),
-                    )
-                    .await;
-            }
             let permit = loop {
                 if acquire.is_granted() {
-                    break (&mut acquire).await?;
+                    break Some((&mut acquire).await?);
                 }
                 tokio::select! {
-                    permit = &mut acquire => break permit?,
+                    permit = &mut acquire => break Some(permit?),
                     e = guard.control.killed() => return Err(e),
                     to = guard.control.moved() => {
                         // Into the new workload's queue, in arrival order (this resource's
@@ -687,7 +836,7 @@ impl Admission {
                             }
                         };
                         for held in attachments.iter_mut() {
-                            if let Some(s) = snapshot.schedulers.get(&held.resource) {
+                            if let Some(s) = snapshot.schedulers.get(&*held.resource) {
                                 held.permit.move_to(s, &to)?;
                             }
                             held.in_flight = self.shared.metrics.series(&held.resource, &to).held();
@@ -695,12 +844,12 @@ impl Admission {
                         tracing::info!(query_id = guard.query_id, from = %workload, to = %to, "waiting query moved");
                         self.shared.registry.show_in(guard.query_id, &to);
                         *workload = Arc::from(to);
-                        drop(counted_waiting);
                         if !in_place {
-                            // Granted meanwhile, or no queue for it here: ask this resource
-                            // again in the new workload (the old request is let go).
-                            continue 'resources;
+                            // Granted meanwhile, or no queue for it here: asked again below
+                            // in the new workload (the old request is let go first).
+                            break None;
                         }
+                        drop(counted_waiting);
                         series = self.series(resource, workload);
                         counted_waiting = series.waiting();
                     }
@@ -713,30 +862,27 @@ impl Admission {
                 }
             };
             drop(counted_waiting);
-            let dequeued = permit.dequeued_at();
+            let Some(permit) = permit else {
+                drop((acquire, waited));
+                next =
+                    self.ask_slot(resource, scheduler, guard, snapshot, workload, attachments)?;
+                continue;
+            };
             if let Some(waited) = waited {
-                waited.dequeued(dequeued);
+                waited.dequeued(permit.dequeued_at());
             }
-            attachments.push(Attachment {
-                resource: resource.clone(),
+            let attached = self.attachment(
+                resource,
                 permit,
-                in_flight: series.admitted(arrived.elapsed()),
-                logged: self
-                    .shared
-                    .admission_log
-                    .as_ref()
-                    .filter(|_| is_query)
-                    .map(|log| log.admitted(guard.query_id, workload, dequeued)),
-                // A master thread's slot is the statement's slot 0 (its workers are 1..).
-                cpu_slot: (snapshot.roles.master.as_deref() == Some(resource.as_str()))
-                    .then_some(0),
-            });
-            // Only a wait was shown: most statements are granted at once.
-            if std::mem::take(&mut shown_waiting) {
-                guard.waiting_for(None);
-            }
-            next = resources.next();
+                &series,
+                arrived.elapsed(),
+                guard,
+                snapshot,
+                workload,
+            );
+            attachments.push(attached);
         }
+        guard.waiting_for(None);
         Ok(())
     }
 
@@ -816,7 +962,7 @@ impl Admission {
     #[allow(clippy::too_many_arguments)]
     async fn admit_in(
         &self,
-        user: &Arc<str>,
+        plan: &SessionPlan,
         workload: &Arc<str>,
         classified: Option<Arc<crate::registry::Classified>>,
         text: &Arc<str>,
@@ -827,7 +973,14 @@ impl Admission {
         // A query slot and a master thread's, most often.
         let mut attachments: Vec<Attachment> = Vec::with_capacity(2);
         let pid = self.cancel.get().map(|(pid, _)| *pid);
-        let guard = self.shared.registry.register(user, workload, text, pid);
+        // The clock read once at its arrival, for its record and its process entry.
+        let arrived = record
+            .as_ref()
+            .map_or_else(std::time::Instant::now, RunRecord::arrived_at);
+        let guard = self
+            .shared
+            .registry
+            .register(&plan.user, workload, text, pid, arrived);
         // Only a statement a rule placed can be placed again while it waits.
         let placed_by_rule = classified.is_some();
         guard.classified(classified);
@@ -836,48 +989,56 @@ impl Admission {
         }
         // Where it queues; a `MOVE QUERY` while it waits changes it.
         let mut workload = workload.clone();
-        // `workload_admission_timeout_ms` bounds the whole wait (every resource together).
-        let admission_deadline = self
-            .admission_timeout(user, settings.admission_timeout)?
-            .map(|limit| (tokio::time::Instant::now() + limit, limit));
+        // `workload_admission_timeout_ms` bounds the whole wait (every resource together): the
+        // statement's, else the session's, else its user's; 0 (or nothing) is no limit.
+        let admission_deadline = match settings.admission_timeout {
+            Some(own) => Some(own),
+            None => plan.admission_timeout.clone()?,
+        }
+        .filter(|d| !d.is_zero())
+        .map(|limit| (tokio::time::Instant::now() + limit, limit));
         let snapshot = self.shared.snapshot();
         let cpu_scheduled = !settings.no_concurrency_control;
         // Its query slot, then its memory reservation, then its master thread.
-        if let Some(slot) = snapshot.query_slot() {
-            self.wait_for_slots(
-                &[slot],
-                &guard,
-                &snapshot,
-                &mut workload,
-                &mut attachments,
-                admission_deadline,
-                notices,
-            )
-            .await?;
-        }
-        let memory = self
-            .reserve_memory(
+        self.take_slot(
+            snapshot.query_slot(),
+            &guard,
+            &snapshot,
+            &mut workload,
+            &mut attachments,
+            admission_deadline,
+            notices,
+        )
+        .await?;
+        // (No memory resource, no reservation, no cap, most often: nothing to reserve, and
+        // the reservation's wait is not carried in this future.)
+        let memory = if snapshot.memory.is_empty()
+            && settings.reserve_memory == 0
+            && settings.max_memory_usage == 0
+        {
+            None
+        } else {
+            Box::pin(self.reserve_memory(
                 &guard,
                 &snapshot,
                 &workload,
                 &settings,
                 admission_deadline,
                 notices,
-            )
-            .await?;
+            ))
+            .await?
+        };
         // (No master-thread resource, most often in front of an upstream: no wait at all.)
-        if let Some(master) = snapshot.master().filter(|_| cpu_scheduled) {
-            self.wait_for_slots(
-                &[master],
-                &guard,
-                &snapshot,
-                &mut workload,
-                &mut attachments,
-                admission_deadline,
-                notices,
-            )
-            .await?;
-        }
+        self.take_slot(
+            snapshot.master().filter(|_| cpu_scheduled),
+            &guard,
+            &snapshot,
+            &mut workload,
+            &mut attachments,
+            admission_deadline,
+            notices,
+        )
+        .await?;
         // Worker threads: as many as are free now, up to max_threads - 1, never waited for
         // (reference §4.8); the statement's parallelism is the threads it holds.
         let threads = match snapshot.workers() {
@@ -920,7 +1081,13 @@ impl Admission {
             let classifier = placed_by_rule
                 .then(|| self.shared.registry.classifier_of(guard.query_id))
                 .flatten();
-            record.admitted(grant.clone(), classifier);
+            // Admitted as it arrived unless it waited (no second clock read for most).
+            let at = if guard.waited() {
+                std::time::Instant::now()
+            } else {
+                arrived
+            };
+            record.admitted(at, grant.clone(), classifier);
         }
         let lanes = snapshot.catalog.lanes(&workload);
         // Its soft deadline: demoted (moved, never stopped) when it outlives it.
@@ -941,12 +1108,7 @@ impl Admission {
         // The hard limit: the query's own, else its user's, else its workload's.
         let limit = settings
             .max_execution_time
-            .or_else(|| {
-                self.shared
-                    .users
-                    .get(user)
-                    .and_then(|u| u.max_execution_time)
-            })
+            .or(plan.max_execution_time)
             .or(lanes.max_execution_time);
         let stop = self.stop(limit, Some(grant.clone()), control);
         Ok(Admitted {

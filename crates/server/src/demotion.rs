@@ -65,6 +65,7 @@ mod demotion_tests {
             &Arc::from(workload),
             &Arc::from("SELECT slow_report()"),
             None,
+            std::time::Instant::now(),
         );
         let snapshot = shared.snapshot();
         let mut attachments = Vec::new();
@@ -73,7 +74,7 @@ mod demotion_tests {
             assert!(acquire.is_granted(), "{workload} has a free slot");
             let permit = futures::executor::block_on(&mut acquire).expect("granted");
             attachments.push(Attachment {
-                resource: resource.clone(),
+                resource: Arc::from(resource.as_str()),
                 permit,
                 in_flight: shared
                     .metrics

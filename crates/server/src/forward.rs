@@ -879,10 +879,11 @@ fn sqlstate(frame: &Frame) -> String {
 }
 
 /// The rows a CommandComplete's body counts (`SELECT 5`, `INSERT 0 3`), 0 if none: the
-/// digits after the tag's last space (one runs per statement, so it reads bytes, not strings).
+/// digits after the tag's last space (one runs per statement, so it reads bytes, not strings;
+/// a tag is a few bytes, shorter than what `memchr`'s vector search gains on).
 fn rows_counted(body: &[u8]) -> usize {
-    let tag = &body[..memchr::memchr(0, body).unwrap_or(body.len())];
-    let digits = &tag[memchr::memrchr(b' ', tag).map_or(0, |at| at + 1)..];
+    let tag = &body[..body.iter().position(|&b| b == 0).unwrap_or(body.len())];
+    let digits = &tag[tag.iter().rposition(|&b| b == b' ').map_or(0, |at| at + 1)..];
     if digits.is_empty() {
         return 0;
     }

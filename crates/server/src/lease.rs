@@ -27,8 +27,8 @@ pub struct SlotLease {
     shared: Arc<Shared>,
     grant: Arc<Mutex<Grant>>,
     /// The resources that grant master and worker threads (often the same one).
-    master: String,
-    worker: Option<String>,
+    master: Arc<str>,
+    worker: Option<Arc<str>>,
     quantum: Duration,
     /// How long a worker slot's renewal may wait before the slot is given up.
     downscale_after: Duration,
@@ -84,7 +84,7 @@ impl sluice_engine::CpuLease for SlotLease {
         [Some(&self.master), self.worker.as_ref()]
             .into_iter()
             .flatten()
-            .filter_map(|r| snapshot.schedulers.get(r))
+            .filter_map(|r| snapshot.schedulers.get(&**r))
             .any(|s| s.waiting() > 0)
     }
 
@@ -117,7 +117,7 @@ impl sluice_engine::CpuLease for SlotLease {
             (_, None) => return Ok(()),
         };
         let snapshot = self.shared.snapshot();
-        let Some(scheduler) = snapshot.schedulers.get(resource) else {
+        let Some(scheduler) = snapshot.schedulers.get(&**resource) else {
             return Ok(()); // the resource is gone: nothing to renew
         };
         if self.given_up[slot].load(Ordering::Relaxed) {

@@ -78,9 +78,14 @@ impl RunRecord {
         self.query_id = query_id;
     }
 
-    /// Admitted now, holding `grant`, placed by `classifier` (if a classifier placed it).
-    pub fn admitted(&mut self, grant: Arc<Mutex<Grant>>, classifier: Option<String>) {
-        self.admitted = Some((Instant::now(), grant));
+    /// When it arrived (the clock read once for its record and its process entry).
+    pub fn arrived_at(&self) -> Instant {
+        self.arrived_at
+    }
+
+    /// Admitted at `at`, holding `grant`, placed by `classifier` (if a classifier placed it).
+    pub fn admitted(&mut self, at: Instant, grant: Arc<Mutex<Grant>>, classifier: Option<String>) {
+        self.admitted = Some((at, grant));
         self.classifier = classifier;
     }
 

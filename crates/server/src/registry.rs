@@ -73,6 +73,7 @@ impl Registry {
         workload: &Arc<str>,
         query: &Arc<str>,
         pid: Option<i32>,
+        started: Instant,
     ) -> ProcessGuard {
         let query_id = self.id_base.load(Ordering::Relaxed)
             + self.next_query_id.fetch_add(1, Ordering::Relaxed) % NODE_IDS;
@@ -83,7 +84,7 @@ impl Registry {
             workload: workload.clone(),
             waiting_for: None,
             running: false,
-            started: Instant::now(),
+            started,
             query: query.clone(),
             grant: None,
             pid,
@@ -104,6 +105,7 @@ impl Registry {
             registry: self.clone(),
             query_id,
             control,
+            waited: AtomicBool::new(false),
         }
     }
 
@@ -273,13 +275,23 @@ pub struct ProcessGuard {
     registry: Arc<Registry>,
     pub query_id: u64,
     pub control: Arc<Control>,
+    /// Whether it has waited for anything (most statements are admitted at once).
+    waited: AtomicBool,
 }
 
 impl ProcessGuard {
     pub fn waiting_for(&self, resource: Option<&str>) {
+        if resource.is_some() {
+            self.waited.store(true, Ordering::Relaxed);
+        }
         self.registry.update(self.query_id, |p| {
             p.waiting_for = resource.map(str::to_string)
         });
+    }
+
+    /// Whether it waited for a resource ([`ProcessGuard::waiting_for`]) since it was registered.
+    pub fn waited(&self) -> bool {
+        self.waited.load(Ordering::Relaxed)
     }
 
     /// Placed by a classifier (kept while it waits: see [`Registry::judge_again`]).
@@ -336,7 +348,7 @@ impl Grant {
 /// A query's hold on one resource: its permit, and the metrics gauge counting it in flight.
 #[derive(Debug)]
 pub struct Attachment {
-    pub resource: String,
+    pub resource: Arc<str>,
     /// `server.admission_log`'s record of a QUERY slot (before `permit`: logged as given back
     /// just before it is, so that the next query the slot admits is logged after it).
     pub logged: Option<crate::admission_log::Logged>,

@@ -131,6 +131,9 @@ pub struct Snapshot {
     pub schedulers: BTreeMap<String, ResourceScheduler>,
     /// Which resource plays which part in a statement's admission, read once per catalog.
     pub roles: Roles,
+    /// The schedulers of `roles`' query, master and worker resources, looked up once here
+    /// (every statement asks for them).
+    parts: [Option<(Arc<str>, ResourceScheduler)>; 3],
     /// A running scheduler per MEMORY RESERVATION resource (at most one, the catalog's rule).
     pub memory: BTreeMap<String, MemoryScheduler>,
     /// In a fleet: the version of the fleet's catalog (etcd's revision of its last change)
@@ -142,9 +145,9 @@ pub struct Snapshot {
 /// catalog's rule; master and worker may be one resource), and whether any covers a disk.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Roles {
-    pub query: Option<String>,
-    pub master: Option<String>,
-    pub worker: Option<String>,
+    pub query: Option<Arc<str>>,
+    pub master: Option<Arc<str>>,
+    pub worker: Option<Arc<str>>,
     pub disk_io: bool,
 }
 
@@ -154,7 +157,7 @@ impl Roles {
         let mut out = Roles::default();
         for resource in catalog.resources() {
             for op in &resource.operations {
-                let name = Some(resource.name.clone());
+                let name = Some(Arc::from(resource.name.as_str()));
                 match op {
                     Op::Query => out.query = name,
                     Op::MasterThread => out.master = name,
@@ -178,34 +181,42 @@ impl Snapshot {
         let schedulers = schedulers(&trees, previous, fleet);
         let memory = memory_schedulers(&trees, previous);
         let roles = Roles::of(&catalog);
+        let part = |role: &Option<Arc<str>>| {
+            let name = role.as_ref()?;
+            Some((name.clone(), schedulers.get(&**name)?.clone()))
+        };
+        let parts = [part(&roles.query), part(&roles.master), part(&roles.worker)];
         Snapshot {
             catalog,
             trees,
             schedulers,
             roles,
+            parts,
             memory,
             fleet_version: previous.map_or(0, |p| p.fleet_version),
         }
     }
 
-    fn scheduler_of(&self, resource: &Option<String>) -> Option<(&String, &ResourceScheduler)> {
-        self.schedulers.get_key_value(resource.as_ref()?)
+    fn part(&self, role: usize) -> Option<(&Arc<str>, &ResourceScheduler)> {
+        self.parts[role]
+            .as_ref()
+            .map(|(name, scheduler)| (name, scheduler))
     }
 
     /// The QUERY resource a statement takes a slot of before it starts (then its memory
     /// reservation, then its master thread: see `Session::admit_and_run`).
-    pub fn query_slot(&self) -> Option<(&String, &ResourceScheduler)> {
-        self.scheduler_of(&self.roles.query)
+    pub fn query_slot(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
+        self.part(0)
     }
 
     /// The master-thread resource and its scheduler.
-    pub fn master(&self) -> Option<(&String, &ResourceScheduler)> {
-        self.scheduler_of(&self.roles.master)
+    pub fn master(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
+        self.part(1)
     }
 
     /// The resource that grants worker threads, and its scheduler.
-    pub fn workers(&self) -> Option<(&String, &ResourceScheduler)> {
-        self.scheduler_of(&self.roles.worker)
+    pub fn workers(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
+        self.part(2)
     }
 }
 
@@ -565,7 +576,7 @@ impl Shared {
         let mut grant = grant.lock().unwrap_or_else(|p| p.into_inner());
         // Checked on every resource first, so a refused move changes nothing.
         for attachment in &grant.attachments {
-            if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {
+            if let Some(scheduler) = snapshot.schedulers.get(&*attachment.resource) {
                 if scheduler.is_inner_workload(workload) {
                     return Err(Error::new(
                         ErrorCode::InvalidSchedulerNode,
@@ -588,7 +599,7 @@ impl Shared {
             memory.move_to(workload)?;
         }
         for attachment in &mut grant.attachments {
-            if let Some(scheduler) = snapshot.schedulers.get(&attachment.resource) {
+            if let Some(scheduler) = snapshot.schedulers.get(&*attachment.resource) {
                 attachment.permit.move_to(scheduler, workload)?;
             }
             attachment.in_flight = self.metrics.series(&attachment.resource, workload).held();
@@ -619,11 +630,7 @@ impl Shared {
         let mut held = grant.lock().unwrap_or_else(|p| p.into_inner());
         held.demoted = Some((from.to_string(), std::time::SystemTime::now()));
         // Once per resource (a query holds several CPU slots of one).
-        let mut resources: Vec<&str> = held
-            .attachments
-            .iter()
-            .map(|a| a.resource.as_str())
-            .collect();
+        let mut resources: Vec<&str> = held.attachments.iter().map(|a| &*a.resource).collect();
         resources.dedup();
         for resource in resources {
             self.metrics.series(resource, &from).demoted();

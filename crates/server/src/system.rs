@@ -311,7 +311,7 @@ pub fn tables(shared: &Shared, set: &mut dyn FnMut(&str, RecordBatch) -> Result<
                     .filter(|a| {
                         cpu_resources
                             .iter()
-                            .any(|r| r.as_deref() == Some(a.resource.as_str()))
+                            .any(|r| r.as_deref() == Some(&*a.resource))
                     })
                     .count() as u64;
                 (
