@@ -34,6 +34,9 @@ pub struct Registry {
     id_base: AtomicU64,
     /// Set by [`Registry::stop_all`]: what every statement registered later is stopped with.
     closed: Mutex<Option<Error>>,
+    /// Whether `closed` is set (read at each registration without the lock; set before
+    /// `stop_all` looks at the statements, so one registered after that look sees it).
+    is_closed: AtomicBool,
 }
 
 impl Default for Registry {
@@ -45,6 +48,7 @@ impl Default for Registry {
             next_query_id: AtomicU64::new(1),
             id_base: AtomicU64::new(0),
             closed: Mutex::default(),
+            is_closed: AtomicBool::new(false),
         }
     }
 }
@@ -93,13 +97,15 @@ impl Registry {
         };
         self.processes().insert(query_id, process);
         // Registered as the registry closed, after `stop_all` stopped the others.
-        if let Some(error) = self
-            .closed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            control.stop_with(error);
+        if self.is_closed.load(Ordering::SeqCst) {
+            if let Some(error) = self
+                .closed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            {
+                control.stop_with(error);
+            }
         }
         ProcessGuard {
             registry: self.clone(),
@@ -112,6 +118,7 @@ impl Registry {
     /// Stops every statement registered, and every one registered from now on, with `error`.
     pub fn stop_all(&self, error: Error) {
         *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
+        self.is_closed.store(true, Ordering::SeqCst);
         for p in self.processes().values() {
             p.control.stop_with(error.clone());
         }

@@ -29,8 +29,7 @@ use pgwire::api::auth::{
 use pgwire::api::copy::send_copy_out_response;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{
-    send_describe_response, send_execution_response, send_query_response, ExtendedQueryHandler,
-    SimpleQueryHandler,
+    send_describe_response, send_execution_response, ExtendedQueryHandler, SimpleQueryHandler,
 };
 use pgwire::api::results::CopyResponse;
 use pgwire::api::results::{
@@ -1066,7 +1065,7 @@ impl SimpleQueryHandler for Connection {
                 .await
                 .map_err(|e| to_pg(&e))?;
             match self.respond(outcome, &Format::UnifiedText)? {
-                Response::Query(rows) => send_query_response(client, rows, true).await?,
+                Response::Query(rows) => execute::send_query_rows(client, rows).await?,
                 Response::Execution(tag) => send_execution_response(client, tag).await?,
                 Response::CopyOut(copy) => send_copy_out_response(client, copy).await?,
                 _ => {}

@@ -21,6 +21,7 @@ use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionHandle, PgWireConnectionState, DEFAULT_NAME,
 };
 use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::data::RowDescription;
 use pgwire::messages::extendedquery::{Execute, PortalSuspended};
 use pgwire::messages::response::{CommandComplete, EmptyQueryResponse};
 use pgwire::messages::PgWireBackendMessage;
@@ -187,6 +188,35 @@ where
     *state = PortalExecutionState::Suspended(response);
     Ok(client
         .feed(PgWireBackendMessage::PortalSuspended(PortalSuspended::new()))
+        .await?)
+}
+
+/// A simple Query's result: its RowDescription, its rows as they come, CommandComplete with
+/// their count — as pgwire's `send_query_response`, with the tag written by [`counted_tag`].
+pub(super) async fn send_query_rows<C>(
+    client: &mut C,
+    mut response: QueryResponse,
+) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let fields = response.row_schema().iter().map(Into::into).collect();
+    client
+        .feed(PgWireBackendMessage::RowDescription(RowDescription::new(
+            fields,
+        )))
+        .await?;
+    let mut sent = 0;
+    while let Some(row) = response.data_rows().next().await {
+        client.feed(PgWireBackendMessage::DataRow(row?)).await?;
+        sent += 1;
+    }
+    Ok(client
+        .feed(PgWireBackendMessage::CommandComplete(CommandComplete::new(
+            counted_tag(response.command_tag(), sent),
+        )))
         .await?)
 }
 
