@@ -91,6 +91,12 @@ impl StatementMemo {
             text: std::sync::OnceLock::new(),
         }
     }
+
+    /// Its fingerprint, if made.
+    #[cfg(test)]
+    pub(crate) fn fingerprint(&self) -> Option<&Arc<sluice_sql::Fingerprint>> {
+        self.fingerprint.get()
+    }
 }
 
 /// What `slot` keeps (made now if it is empty), or, without a slot, `make`'s.

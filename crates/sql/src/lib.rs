@@ -47,7 +47,8 @@ pub use parser::{
     split_settings, QueryMarkup, ScriptStatement,
 };
 pub use statement::{
-    integer_shape, only_statement, statement, statements, statements_with_text, CopyFormat,
-    KillMode, Query, Statement as ClientStatement, StatementKind, TransactionControl, MAX_NESTING,
+    integer_shape, only_statement, same_integer_shape, statement, statements, statements_with_text,
+    CopyFormat, KillMode, Query, Statement as ClientStatement, StatementKind, TransactionControl,
+    MAX_NESTING,
 };
 pub use tags::tags;

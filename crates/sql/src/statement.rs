@@ -298,6 +298,77 @@ pub fn integer_shape(text: &str, key: &mut Vec<u8>) -> bool {
     true
 }
 
+/// Whether `text` has the [`integer_shape`] of `shaped`, a text that has one: the two are the
+/// same byte for byte but for the digits of standalone integers (`… id = 42` and `… id =
+/// 43`). One pass over both, no key built: a client repeating one statement with new values
+/// is told so at a few instructions a byte. (Its non-digit bytes being `shaped`'s, `text`
+/// has no quote, comment or refused word `shaped` has not: it has a shape, the same.)
+pub fn same_integer_shape(shaped: &[u8], text: &[u8]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    loop {
+        // The equal stretch skipped eight bytes at a time: texts of one shape differ only
+        // where an integer does.
+        let equal = common_prefix(&shaped[i..], &text[j..]);
+        i += equal;
+        j += equal;
+        let (a, b) = (shaped.get(i), text.get(j));
+        if a.is_none() && b.is_none() {
+            return true;
+        }
+        // Where they differ must be in a run of digits in both: one begun before (the same
+        // digits so far) or beginning here.
+        let mut start = i;
+        while start > 0 && shaped[start - 1].is_ascii_digit() {
+            start -= 1;
+        }
+        let digit = |b: Option<&u8>| b.is_some_and(u8::is_ascii_digit);
+        if start == i && !(digit(a) && digit(b)) {
+            return false;
+        }
+        let (run_i, run_j) = (start, j - (i - start));
+        i = run_i
+            + shaped[run_i..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+        j = run_j
+            + text[run_j..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+        let after = shaped.get(i);
+        if after != text.get(j) {
+            return false;
+        }
+        // A run joined to a word, a fraction or an exponent is no integer literal of the
+        // shape (`t1`, `1.5`, `1e5`): its digits are the shape's own, and must agree.
+        let joined =
+            |b: Option<&u8>| b.is_some_and(|&b| b == b'.' || SHAPE_CLASS[b as usize].in_word());
+        let before = run_i.checked_sub(1).map(|p| &shaped[p]);
+        if (joined(before) || joined(after)) && shaped[run_i..i] != text[run_j..j] {
+            return false;
+        }
+    }
+}
+
+/// How many bytes `a` and `b` begin with alike.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + 8 <= len {
+        let word = |s: &[u8]| u64::from_le_bytes(s[at..at + 8].try_into().expect("eight bytes"));
+        let differ = word(a) ^ word(b);
+        if differ != 0 {
+            return at + (differ.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    while at < len && a[at] == b[at] {
+        at += 1;
+    }
+    at
+}
+
 /// What a byte is to [`integer_shape`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ShapeClass {
@@ -867,6 +938,39 @@ mod tests {
         ];
         for (a, b) in differ {
             assert_ne!(shape(a), shape(b), "{a} / {b}");
+        }
+        // Told without a key exactly when the keys agree.
+        let mut pairs: Vec<(&str, &str)> = same.iter().chain(differ.iter()).copied().collect();
+        pairs.extend([
+            ("SELECT 1", "SELECT 1"),
+            ("SELECT 12", "SELECT 1"),
+            ("SELECT 1", "SELECT 1 "),
+            ("SELECT 1 ", "SELECT 1"),
+            ("SELECT 1", "SELECT a"),
+            ("SELECT a", "SELECT 1"),
+            ("SELECT 1, 2", "SELECT 3, 4"),
+            ("SELECT 1, 2", "SELECT 3,4"),
+            ("SELECT 12x", "SELECT 34x"),
+            ("SELECT 12x", "SELECT 12x"),
+            ("SELECT x12", "SELECT x12"),
+            ("SELECT 5.", "SELECT 6."),
+            ("SELECT 5.", "SELECT 5."),
+            ("LIMIT 10", "LIMIT 10000000000000000000000"),
+            ("SELECT ü1", "SELECT ü2"),
+            ("", ""),
+            ("1", "2"),
+            ("1", ""),
+        ]);
+        for (a, b) in pairs {
+            for (a, b) in [(a, b), (b, a)] {
+                if shape(a).is_some() {
+                    assert_eq!(
+                        same_integer_shape(a.as_bytes(), b.as_bytes()),
+                        shape(a) == shape(b),
+                        "{a:?} / {b:?}"
+                    );
+                }
+            }
         }
         for text in [
             "SELECT '1'",

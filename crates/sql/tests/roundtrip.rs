@@ -231,3 +231,61 @@ proptest! {
         let _ = parse_script(&words.join(" "));
     }
 }
+
+/// Texts made of the pieces that decide an integer shape: digits alone and joined to words,
+/// fractions, exponents, non-ASCII letters, spaces and operators.
+fn shaped_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop::sample::select(vec![
+            "SELECT ", "a", "x1", "1", "2", "12", "007", ".", " ", "=", ",", "e", "ü", "_", "(",
+            ")", ";", "-", "/",
+        ]),
+        0..12,
+    )
+    .prop_map(|pieces| pieces.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    /// Telling that two texts have one integer shape without building keys agrees with the
+    /// keys (the forwarder's memo of the last shape relies on it).
+    #[test]
+    fn same_integer_shape_agrees_with_the_keys(a in shaped_text(), b in shaped_text()) {
+        let key = |text: &str| {
+            let mut key = Vec::new();
+            sluice_sql::integer_shape(text, &mut key).then_some(key)
+        };
+        if let Some(ka) = key(&a) {
+            prop_assert_eq!(
+                sluice_sql::same_integer_shape(a.as_bytes(), b.as_bytes()),
+                key(&b).as_ref() == Some(&ka),
+                "{:?} / {:?}", a, b
+            );
+        }
+    }
+
+    /// The same, for texts made from one another by changing digits (the common case).
+    #[test]
+    fn same_integer_shape_agrees_when_only_digits_change(
+        a in shaped_text(),
+        digits in prop::collection::vec(0u8..10, 12),
+    ) {
+        let mut next = digits.iter().cycle();
+        let b: String = a
+            .chars()
+            .map(|c| if c.is_ascii_digit() { char::from(b'0' + next.next().copied().unwrap_or(0)) } else { c })
+            .collect();
+        let key = |text: &str| {
+            let mut key = Vec::new();
+            sluice_sql::integer_shape(text, &mut key).then_some(key)
+        };
+        if let Some(ka) = key(&a) {
+            prop_assert_eq!(
+                sluice_sql::same_integer_shape(a.as_bytes(), b.as_bytes()),
+                key(&b).as_ref() == Some(&ka),
+                "{:?} / {:?}", a, b
+            );
+        }
+    }
+}

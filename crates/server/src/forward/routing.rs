@@ -141,6 +141,10 @@ pub(super) struct Shapes {
     read: HashMap<Vec<u8>, Arc<Shape>, foldhash::fast::RandomState>,
     /// The key of the text at hand, built in place (a text seen before allocates none).
     key: Vec<u8>,
+    /// The last text read by its shape, with the shape: the next text is first compared with
+    /// it ([`sluice_sql::same_integer_shape`]), which is cheaper than building its key and
+    /// looking that up, and is what a client repeating one statement needs.
+    last: Option<(Vec<u8>, Arc<Shape>)>,
 }
 
 /// A forwarded statement as [`Shapes`] keeps it.
@@ -163,25 +167,21 @@ const SHAPE_TEXT_MAX: usize = 4096;
 impl Shapes {
     /// [`query_pieces`] of `text`, from what a text of its shape was read as when there was one.
     pub(super) fn pieces(&mut self, text: &str) -> Option<Vec<Piece>> {
-        if text.len() > SHAPE_TEXT_MAX || !sluice_sql::integer_shape(text, &mut self.key) {
+        if text.len() > SHAPE_TEXT_MAX {
+            return query_pieces(text);
+        }
+        if let Some((last, shape)) = &self.last {
+            if sluice_sql::same_integer_shape(last, text.as_bytes()) {
+                return Some(shape.pieces(text));
+            }
+        }
+        if !sluice_sql::integer_shape(text, &mut self.key) {
             return query_pieces(text);
         }
         if let Some(shape) = self.read.get(self.key.as_slice()) {
-            let query = Query {
-                text: text[shape.lead..text.len() - shape.trail].to_string(),
-                settings: Vec::new(),
-                kind: shape.kind,
-                // Only fingerprints read them, and the fingerprint is known.
-                literals: Vec::new(),
-                nesting: shape.nesting,
-            };
-            let forwarded = Forwarded {
-                sql: text.to_string(),
-                query,
-                changes_session: shape.changes_session,
-                memo: StatementMemo::with_fingerprint(shape.fingerprint.clone()),
-            };
-            return Some(vec![(0..text.len(), Some(forwarded))]);
+            let pieces = shape.pieces(text);
+            self.last = Some((text.as_bytes().to_vec(), shape.clone()));
+            return Some(pieces);
         }
         let mut pieces = query_pieces(text);
         if let Some(shape) = pieces.as_deref().and_then(|p| Shape::of(text, p)) {
@@ -192,13 +192,34 @@ impl Shapes {
             if self.read.len() >= SHAPES_KEPT {
                 self.read.clear();
             }
-            self.read.insert(self.key.clone(), Arc::new(shape));
+            let shape = Arc::new(shape);
+            self.last = Some((text.as_bytes().to_vec(), shape.clone()));
+            self.read.insert(self.key.clone(), shape);
         }
         pieces
     }
 }
 
 impl Shape {
+    /// `text`, of this shape, read as a text of it was read.
+    fn pieces(&self, text: &str) -> Vec<Piece> {
+        let query = Query {
+            text: text[self.lead..text.len() - self.trail].to_string(),
+            settings: Vec::new(),
+            kind: self.kind,
+            // Only fingerprints read them, and the fingerprint is known.
+            literals: Vec::new(),
+            nesting: self.nesting,
+        };
+        let forwarded = Forwarded {
+            sql: text.to_string(),
+            query,
+            changes_session: self.changes_session,
+            memo: StatementMemo::with_fingerprint(self.fingerprint.clone()),
+        };
+        vec![(0..text.len(), Some(forwarded))]
+    }
+
     /// What a text read as `pieces` keeps for its shape, if it is a text kept.
     fn of(text: &str, pieces: &[Piece]) -> Option<Shape> {
         let [(_, Some(forwarded))] = pieces else {
@@ -761,6 +782,50 @@ pub(super) fn deallocated_name(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_of_the_last_shape_is_read_as_it_was() {
+        let mut shapes = Shapes::default();
+        let mut read = |text: &str| {
+            let pieces = shapes.pieces(text).expect("forwarded");
+            let [(span, Some(forwarded))] = &pieces[..] else {
+                panic!("{text}: one forwarded statement, {pieces:?}");
+            };
+            assert_eq!(span.clone(), 0..text.len());
+            let fingerprint = forwarded.memo.fingerprint().expect("kept").clone();
+            assert_eq!(
+                fingerprint.id,
+                sluice_sql::fingerprint(&forwarded.query.text).id,
+                "{text}"
+            );
+            (
+                forwarded.query.text.clone(),
+                forwarded.query.kind,
+                fingerprint,
+            )
+        };
+        let (text, kind, first) = read(" SELECT 1 AS x FROM t WHERE id = 5; ");
+        assert_eq!(
+            (text.as_str(), kind),
+            ("SELECT 1 AS x FROM t WHERE id = 5", StatementKind::Select)
+        );
+        // The next of its shape: the reading (and the fingerprint) kept, its own text.
+        let (text, _, again) = read(" SELECT 22 AS x FROM t WHERE id = 60000; ");
+        assert_eq!(text, "SELECT 22 AS x FROM t WHERE id = 60000");
+        assert!(Arc::ptr_eq(&first, &again));
+        // Digits that are part of a name are the shape's own: read anew.
+        let (_, _, t1) = read("SELECT c1 FROM t");
+        let (text, _, t2) = read("SELECT c2 FROM t");
+        assert_eq!(text, "SELECT c2 FROM t");
+        assert!(!Arc::ptr_eq(&t1, &t2));
+        assert_ne!(t1.id, t2.id);
+        // Another kind of statement is no text of the shape.
+        let (_, kind, _) = read("DELETE FROM t WHERE id = 5");
+        assert_eq!(kind, StatementKind::Delete);
+        // An earlier shape comes back from the memo.
+        let (_, _, later) = read(" SELECT 7 AS x FROM t WHERE id = 8; ");
+        assert!(Arc::ptr_eq(&first, &later));
+    }
 
     #[test]
     fn deallocate_names_are_read_as_postgres_reads_them() {
