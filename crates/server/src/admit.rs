@@ -388,14 +388,8 @@ impl Admission {
             return plan.clone();
         }
         let session_workload = vars.values.get("workload").map(|w| self.shared_name(w));
+        let chosen = self.pinned_or(user, session_workload);
         let config = self.shared.users.get(user);
-        let pinned = config.and_then(|u| u.pinned_workload.as_deref());
-        let chosen = match (pinned, session_workload) {
-            (Some(pinned), requested) => requested
-                .map_or(Ok(()), |r| self.check_pinned(user, &r))
-                .map(|()| Some(Arc::from(pinned))),
-            (None, requested) => Ok(requested),
-        };
         let admission_timeout = match vars.values.get("workload_admission_timeout_ms") {
             None => Ok(None),
             Some(v) => v.trim().parse::<u64>().map(|ms| Some(Duration::from_millis(ms))).map_err(|_| {
@@ -411,7 +405,7 @@ impl Admission {
             chosen,
             fallback: Arc::from(self.fallback_workload(user)),
             admission_timeout,
-            user_pinned: pinned.is_some(),
+            user_pinned: config.is_some_and(|u| u.pinned_workload.is_some()),
             max_execution_time: config.and_then(|u| u.max_execution_time),
         });
         vars.plan = Some(plan.clone());
@@ -462,6 +456,12 @@ impl Admission {
             Some(r) => Some(self.shared_name(&r)),
             None => self.with_var("workload", |v| v.map(|v| self.shared_name(v))),
         };
+        self.pinned_or(user, requested)
+    }
+
+    /// The user's pinned workload (a request for another, `requested`, is refused), else
+    /// `requested`.
+    fn pinned_or(&self, user: &str, requested: Option<Arc<str>>) -> Result<Option<Arc<str>>> {
         let config = self.shared.users.get(user);
         if let Some(pinned) = config.and_then(|u| u.pinned_workload.as_ref()) {
             if let Some(r) = &requested {
@@ -566,7 +566,7 @@ impl Admission {
         let plan = self.plan(user);
         let chosen = match &settings.workload {
             None => plan.chosen.clone()?,
-            Some(requested) => self.chosen_workload(user, Some(requested.clone()))?,
+            Some(requested) => self.pinned_or(user, Some(self.shared_name(requested)))?,
         };
         if self.shared.phase() != Phase::Serving {
             return Err(shutting_down(self.shared.phase()));

@@ -133,7 +133,7 @@ pub struct Snapshot {
     pub roles: Roles,
     /// The schedulers of `roles`' query, master and worker resources, looked up once here
     /// (every statement asks for them).
-    parts: [Option<(Arc<str>, ResourceScheduler)>; 3],
+    parts: Parts,
     /// A running scheduler per MEMORY RESERVATION resource (at most one, the catalog's rule).
     pub memory: BTreeMap<String, MemoryScheduler>,
     /// In a fleet: the version of the fleet's catalog (etcd's revision of its last change)
@@ -149,6 +149,17 @@ pub struct Roles {
     pub master: Option<Arc<str>>,
     pub worker: Option<Arc<str>>,
     pub disk_io: bool,
+}
+
+/// A resource that plays a part in admission, with its scheduler.
+type Part = Option<(Arc<str>, ResourceScheduler)>;
+
+/// The schedulers of [`Roles`]' resources.
+#[derive(Debug)]
+struct Parts {
+    query: Part,
+    master: Part,
+    worker: Part,
 }
 
 impl Roles {
@@ -185,7 +196,11 @@ impl Snapshot {
             let name = role.as_ref()?;
             Some((name.clone(), schedulers.get(&**name)?.clone()))
         };
-        let parts = [part(&roles.query), part(&roles.master), part(&roles.worker)];
+        let parts = Parts {
+            query: part(&roles.query),
+            master: part(&roles.master),
+            worker: part(&roles.worker),
+        };
         Snapshot {
             catalog,
             trees,
@@ -197,26 +212,24 @@ impl Snapshot {
         }
     }
 
-    fn part(&self, role: usize) -> Option<(&Arc<str>, &ResourceScheduler)> {
-        self.parts[role]
-            .as_ref()
-            .map(|(name, scheduler)| (name, scheduler))
+    fn part(part: &Part) -> Option<(&Arc<str>, &ResourceScheduler)> {
+        part.as_ref().map(|(name, scheduler)| (name, scheduler))
     }
 
     /// The QUERY resource a statement takes a slot of before it starts (then its memory
     /// reservation, then its master thread: see `Session::admit_and_run`).
     pub fn query_slot(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
-        self.part(0)
+        Self::part(&self.parts.query)
     }
 
     /// The master-thread resource and its scheduler.
     pub fn master(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
-        self.part(1)
+        Self::part(&self.parts.master)
     }
 
     /// The resource that grants worker threads, and its scheduler.
     pub fn workers(&self) -> Option<(&Arc<str>, &ResourceScheduler)> {
-        self.part(2)
+        Self::part(&self.parts.worker)
     }
 }
 

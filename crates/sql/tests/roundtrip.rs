@@ -245,6 +245,24 @@ fn shaped_text() -> impl Strategy<Value = String> {
     .prop_map(|pieces| pieces.concat())
 }
 
+/// Whether `same_integer_shape` says of `a` and `b` what their keys say (for `a` with a shape).
+fn shape_told_as_keys_tell(a: &str, b: &str) -> Result<(), TestCaseError> {
+    let key = |text: &str| {
+        let mut key = Vec::new();
+        sluice_sql::integer_shape(text, &mut key).then_some(key)
+    };
+    if let Some(ka) = key(a) {
+        prop_assert_eq!(
+            sluice_sql::same_integer_shape(a.as_bytes(), b.as_bytes()),
+            key(b).as_ref() == Some(&ka),
+            "{:?} / {:?}",
+            a,
+            b
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(4096))]
 
@@ -252,17 +270,7 @@ proptest! {
     /// keys (the forwarder's memo of the last shape relies on it).
     #[test]
     fn same_integer_shape_agrees_with_the_keys(a in shaped_text(), b in shaped_text()) {
-        let key = |text: &str| {
-            let mut key = Vec::new();
-            sluice_sql::integer_shape(text, &mut key).then_some(key)
-        };
-        if let Some(ka) = key(&a) {
-            prop_assert_eq!(
-                sluice_sql::same_integer_shape(a.as_bytes(), b.as_bytes()),
-                key(&b).as_ref() == Some(&ka),
-                "{:?} / {:?}", a, b
-            );
-        }
+        shape_told_as_keys_tell(&a, &b)?;
     }
 
     /// The same, for texts made from one another by changing digits (the common case).
@@ -274,18 +282,14 @@ proptest! {
         let mut next = digits.iter().cycle();
         let b: String = a
             .chars()
-            .map(|c| if c.is_ascii_digit() { char::from(b'0' + next.next().copied().unwrap_or(0)) } else { c })
+            .map(|c| {
+                if c.is_ascii_digit() {
+                    char::from(b'0' + next.next().copied().unwrap_or(0))
+                } else {
+                    c
+                }
+            })
             .collect();
-        let key = |text: &str| {
-            let mut key = Vec::new();
-            sluice_sql::integer_shape(text, &mut key).then_some(key)
-        };
-        if let Some(ka) = key(&a) {
-            prop_assert_eq!(
-                sluice_sql::same_integer_shape(a.as_bytes(), b.as_bytes()),
-                key(&b).as_ref() == Some(&ka),
-                "{:?} / {:?}", a, b
-            );
-        }
+        shape_told_as_keys_tell(&a, &b)?;
     }
 }
