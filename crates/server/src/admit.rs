@@ -79,8 +79,6 @@ where
 pub(crate) struct StatementMemo {
     /// Its fingerprint (otherwise looked up by text at each run).
     fingerprint: std::sync::OnceLock<Arc<sluice_sql::Fingerprint>>,
-    /// Its text, shared by each run's `system.processes` entry and record.
-    text: std::sync::OnceLock<Arc<str>>,
 }
 
 impl StatementMemo {
@@ -88,8 +86,12 @@ impl StatementMemo {
     pub(crate) fn with_fingerprint(fingerprint: Arc<sluice_sql::Fingerprint>) -> StatementMemo {
         StatementMemo {
             fingerprint: fingerprint.into(),
-            text: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Shares `fingerprint` as its fingerprint (nothing if it has one).
+    pub(crate) fn share_fingerprint(&self, fingerprint: Arc<sluice_sql::Fingerprint>) {
+        let _ = self.fingerprint.set(fingerprint);
     }
 
     /// Its fingerprint, if made.
@@ -274,6 +276,8 @@ pub struct Admission {
     /// The metrics series its statements were admitted under, by resource and workload (a
     /// connection uses few; series live as long as the server).
     series: Mutex<Vec<KeptSeries>>,
+    /// Where its statements' `system.processes` entries are kept, from its first statement.
+    process_slot: std::sync::OnceLock<crate::registry::SlotHandle>,
 }
 
 /// A connection's session variables, and its [`SessionPlan`] while they stand.
@@ -343,6 +347,7 @@ impl Admission {
             user: std::sync::OnceLock::new(),
             last_workload: Mutex::default(),
             series: Mutex::default(),
+            process_slot: std::sync::OnceLock::new(),
         }
     }
 
@@ -590,9 +595,8 @@ impl Admission {
             judged_by.as_ref(),
             &fingerprint,
         );
-        // One copy of the text for the statement's process entry and its record (none for a
-        // prepared statement's run: it keeps its copy).
-        let text = kept(memo.map(|m| &m.text), || Arc::from(query.text.as_str()));
+        // The statement's text, shared by its process entry and its record.
+        let text = query.text.clone();
         *record = Some(RunRecord::new(
             self.shared.clone(),
             0,
@@ -983,10 +987,9 @@ impl Admission {
         let arrived = record
             .as_ref()
             .map_or_else(std::time::Instant::now, RunRecord::arrived_at);
-        let guard = self
-            .shared
-            .registry
-            .register(&plan.user, workload, text, pid, arrived);
+        let registry = &self.shared.registry;
+        let slot = self.process_slot.get_or_init(|| registry.slot());
+        let guard = registry.register(&plan.user, workload, text, pid, arrived, Some(slot));
         // Only a statement a rule placed can be placed again while it waits.
         let placed_by_rule = classified.is_some();
         guard.classified(classified);

@@ -66,6 +66,7 @@ mod demotion_tests {
             &Arc::from("SELECT slow_report()"),
             None,
             std::time::Instant::now(),
+            None,
         );
         let snapshot = shared.snapshot();
         let mut attachments = Vec::new();

@@ -502,7 +502,7 @@ impl Forwarder {
     /// that mixes sluice's statements with the upstream's runs statement by statement.
     async fn simple_query<S, T, H>(
         &mut self,
-        text: String,
+        text: Arc<str>,
         pieces: Vec<Piece>,
         raw: Option<BytesMut>,
         socket: &mut Socket<S, T>,
@@ -522,17 +522,16 @@ impl Forwarder {
                 // to read; a SETTINGS tail in it is not cut).
                 _ if raw.is_some() => out.extend_from_slice(raw.as_deref().unwrap_or_default()),
                 [(_, Some(f))] => encode_query(&f.sql, &mut out),
-                _ if pieces.iter().all(|(at, f)| {
-                    f.as_ref()
-                        .is_some_and(|f| f.sql.as_str() == &text[at.clone()])
-                }) =>
+                _ if pieces
+                    .iter()
+                    .all(|(at, f)| f.as_ref().is_some_and(|f| *f.sql == text[at.clone()])) =>
                 {
                     encode_query(&text, &mut out)
                 }
                 _ => {
                     let sqls: Vec<&str> = pieces
                         .iter()
-                        .filter_map(|(_, f)| f.as_ref().map(|f| f.sql.as_str()))
+                        .filter_map(|(_, f)| f.as_ref().map(|f| &*f.sql))
                         .collect();
                     encode_query(&sqls.join(";\n"), &mut out)
                 }
@@ -1123,7 +1122,7 @@ mod tests {
         };
         assert_eq!(
             text(f.route_raw(message(b'Q', b"SELECT 1; SELECT 2\0"))),
-            ("SELECT 1; SELECT 2".to_string(), 2)
+            (Arc::from("SELECT 1; SELECT 2"), 2)
         );
         // sluice's own statements are answered by sluice (decoded from these bytes).
         let own = message(b'Q', b"SHOW WORKLOADS\0");
@@ -1135,7 +1134,7 @@ mod tests {
         // protocol violation (PostgreSQL: "invalid string in message").
         assert_eq!(
             text(f.route_raw(message(b'Q', b"SELECT '\xff'\0"))),
-            ("SELECT '\u{fffd}'".to_string(), 1)
+            (Arc::from("SELECT '\u{fffd}'"), 1)
         );
         assert!(matches!(
             f.route_raw(message(b'Q', b"SELECT 3")),

@@ -5,6 +5,11 @@
 //! the one-shot signal both use ([`Flag`]). `state::Shared` holds the registry; nothing here
 //! knows of `Shared`, the catalog snapshot or the schedulers.
 //!
+//! A connection's statements are kept in its own [`ProcessSlot`], filled at each statement
+//! and emptied at its end in place (one lock no other connection takes, nothing hashed or
+//! moved in a shared map); statements without a slot (or a second one of a connection at
+//! once) go in the shared map. Readers see both.
+//!
 //! Invariant: a statement is in the registry exactly as long as its guard lives, however it
 //! ends; once [`Registry::stop_all`] was called, every statement in it, and every one
 //! registered later, is stopped.
@@ -23,6 +28,10 @@ pub struct Registry {
     /// By query id (hashed: a statement's entry comes and goes at every statement; the rare
     /// readers sort by it, which is arrival order).
     processes: Mutex<HashMap<u64, Process, foldhash::fast::RandomState>>,
+    /// The connections' own slots, by slot number (an entry per connection, from its first
+    /// statement to its end).
+    slots: Mutex<HashMap<u64, Arc<ProcessSlot>, foldhash::fast::RandomState>>,
+    next_slot: AtomicU64,
     /// The keys (pid, secret) of connections a cancel request may name ([`Registry::cancel`]).
     cancels: Mutex<HashSet<CancelKey>>,
     /// Each connection's close signal by backend pid (`pg_terminate_backend`), registered at
@@ -43,6 +52,8 @@ impl Default for Registry {
     fn default() -> Registry {
         Registry {
             processes: Mutex::default(),
+            slots: Mutex::default(),
+            next_slot: AtomicU64::new(0),
             cancels: Mutex::default(),
             terminations: Mutex::default(),
             next_query_id: AtomicU64::new(1),
@@ -70,7 +81,27 @@ impl Registry {
         self.processes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a statement; the guard removes it when the statement ends, however it ends.
+    fn slots(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ProcessSlot>, foldhash::fast::RandomState>>
+    {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for one connection's statements, listed while the handle lives.
+    pub fn slot(self: &Arc<Self>) -> SlotHandle {
+        let number = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(ProcessSlot::default());
+        self.slots().insert(number, slot.clone());
+        SlotHandle {
+            registry: self.clone(),
+            number,
+            slot,
+        }
+    }
+
+    /// Registers a statement, in `slot` when that is given and empty; the guard removes it
+    /// when the statement ends, however it ends.
     pub fn register(
         self: &Arc<Self>,
         user: &Arc<str>,
@@ -78,6 +109,7 @@ impl Registry {
         query: &Arc<str>,
         pid: Option<i32>,
         started: Instant,
+        slot: Option<&SlotHandle>,
     ) -> ProcessGuard {
         let query_id = self.id_base.load(Ordering::Relaxed)
             + self.next_query_id.fetch_add(1, Ordering::Relaxed) % NODE_IDS;
@@ -95,7 +127,24 @@ impl Registry {
             control: control.clone(),
             classified: None,
         };
-        self.processes().insert(query_id, process);
+        let home = match slot {
+            Some(handle) => {
+                let mut entry = handle.slot.lock();
+                if entry.is_none() {
+                    *entry = Some(process);
+                    drop(entry);
+                    Some(handle.slot.clone())
+                } else {
+                    drop(entry);
+                    self.processes().insert(query_id, process);
+                    None
+                }
+            }
+            None => {
+                self.processes().insert(query_id, process);
+                None
+            }
+        };
         // Registered as the registry closed, after `stop_all` stopped the others.
         if self.is_closed.load(Ordering::SeqCst) {
             if let Some(error) = self
@@ -112,6 +161,7 @@ impl Registry {
             query_id,
             control,
             waited: AtomicBool::new(false),
+            home,
         }
     }
 
@@ -119,9 +169,35 @@ impl Registry {
     pub fn stop_all(&self, error: Error) {
         *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.clone());
         self.is_closed.store(true, Ordering::SeqCst);
-        for p in self.processes().values() {
-            p.control.stop_with(error.clone());
+        self.for_each(|p| p.control.stop_with(error.clone()));
+    }
+
+    /// `f` on every statement's entry (the shared map's, then the slots'; each lock held only
+    /// while its own entries are visited).
+    fn for_each(&self, mut f: impl FnMut(&mut Process)) {
+        for p in self.processes().values_mut() {
+            f(p);
         }
+        let slots: Vec<Arc<ProcessSlot>> = self.slots().values().cloned().collect();
+        for slot in slots {
+            if let Some(p) = slot.lock().as_mut() {
+                f(p);
+            }
+        }
+    }
+
+    /// `f` on statement `query_id`'s entry, while it has one.
+    fn with_process<T>(&self, query_id: u64, f: impl FnOnce(&mut Process) -> T) -> Option<T> {
+        if let Some(p) = self.processes().get_mut(&query_id) {
+            return Some(f(p));
+        }
+        let slots: Vec<Arc<ProcessSlot>> = self.slots().values().cloned().collect();
+        for slot in slots {
+            if let Some(p) = slot.lock().as_mut().filter(|p| p.query_id == query_id) {
+                return Some(f(p));
+            }
+        }
+        None
     }
 
     /// Stops statement `query_id` with `error` (`KILL QUERY`, `pg_cancel_backend`), waiting
@@ -195,17 +271,19 @@ impl Registry {
             return;
         }
         let pid = Some(key.0);
-        for p in self.processes().values().filter(|p| p.pid == pid) {
-            p.control.stop_with(Error::new(
-                ErrorCode::QueryWasCancelled,
-                "canceling statement due to user request",
-            ));
-        }
+        self.for_each(|p| {
+            if p.pid == pid {
+                p.control.stop_with(Error::new(
+                    ErrorCode::QueryWasCancelled,
+                    "canceling statement due to user request",
+                ));
+            }
+        });
     }
 
     /// What `f` reads of statement `query_id`'s entry (`None` once it has ended).
     pub fn process<T>(&self, query_id: u64, f: impl FnOnce(&Process) -> Option<T>) -> Option<T> {
-        self.processes().get(&query_id).and_then(f)
+        self.with_process(query_id, |p| f(p)).flatten()
     }
 
     /// The classifier that placed statement `query_id` (after any re-classification).
@@ -222,21 +300,20 @@ impl Registry {
 
     /// Whether no statement is waiting or running.
     pub fn is_empty(&self) -> bool {
-        self.processes().is_empty()
+        self.processes().is_empty() && self.slots().values().all(|s| s.lock().is_none())
     }
 
     /// Every statement waiting or running, in arrival order.
     pub fn all(&self) -> Vec<Process> {
-        let mut all: Vec<Process> = self.processes().values().cloned().collect();
+        let mut all: Vec<Process> = Vec::new();
+        self.for_each(|p| all.push(p.clone()));
         all.sort_unstable_by_key(|p| p.query_id);
         all
     }
 
     /// Changes statement `query_id`'s entry, while it has one.
     pub fn update(&self, query_id: u64, f: impl FnOnce(&mut Process)) {
-        if let Some(p) = self.processes().get_mut(&query_id) {
-            f(p);
-        }
+        self.with_process(query_id, f);
     }
 
     /// Classifier `changed` was replaced or dropped: every waiting statement it placed is
@@ -249,12 +326,12 @@ impl Registry {
         catalog: &sluice_catalog::Catalog,
     ) -> Vec<(u64, Arc<str>, String)> {
         let mut moves = Vec::new();
-        for p in self.processes().values_mut() {
+        self.for_each(|p| {
             let Some(old) = p.classified.as_ref().filter(|c| c.rule.name == changed) else {
-                continue;
+                return;
             };
             if p.grant.is_some() {
-                continue;
+                return;
             }
             let rule = catalog.rules().route(&old.facts.facts()).cloned();
             let to = rule
@@ -270,7 +347,7 @@ impl Registry {
             if *to != *p.workload {
                 moves.push((p.query_id, p.workload.clone(), to));
             }
-        }
+        });
         moves.sort_unstable_by_key(|(query_id, _, _)| *query_id);
         moves
     }
@@ -284,6 +361,8 @@ pub struct ProcessGuard {
     pub control: Arc<Control>,
     /// Whether it has waited for anything (most statements are admitted at once).
     waited: AtomicBool,
+    /// Its connection's slot, when its entry is there (else it is in the shared map).
+    home: Option<Arc<ProcessSlot>>,
 }
 
 impl ProcessGuard {
@@ -291,9 +370,19 @@ impl ProcessGuard {
         if resource.is_some() {
             self.waited.store(true, Ordering::Relaxed);
         }
-        self.registry.update(self.query_id, |p| {
-            p.waiting_for = resource.map(str::to_string)
-        });
+        self.update(|p| p.waiting_for = resource.map(str::to_string));
+    }
+
+    /// Changes its entry: in its slot in place, or in the shared map.
+    fn update(&self, f: impl FnOnce(&mut Process)) {
+        match &self.home {
+            Some(slot) => {
+                if let Some(p) = slot.lock().as_mut() {
+                    f(p);
+                }
+            }
+            None => self.registry.update(self.query_id, f),
+        }
     }
 
     /// Whether it waited for a resource ([`ProcessGuard::waiting_for`]) since it was registered.
@@ -304,14 +393,13 @@ impl ProcessGuard {
     /// Placed by a classifier (kept while it waits: see [`Registry::judge_again`]).
     pub fn classified(&self, classified: Option<Arc<Classified>>) {
         if classified.is_some() {
-            self.registry
-                .update(self.query_id, |p| p.classified = classified);
+            self.update(|p| p.classified = classified);
         }
     }
 
     /// Admitted with `grant`: from now on the statement runs.
     pub fn running(&self, grant: Arc<Mutex<Grant>>) {
-        self.registry.update(self.query_id, |p| {
+        self.update(|p| {
             p.waiting_for = None;
             p.running = true;
             p.grant = Some(grant);
@@ -321,7 +409,37 @@ impl ProcessGuard {
 
 impl Drop for ProcessGuard {
     fn drop(&mut self) {
-        self.registry.processes().remove(&self.query_id);
+        // The entry is dropped after its lock is let go.
+        let _gone = match &self.home {
+            Some(slot) => slot.lock().take(),
+            None => self.registry.processes().remove(&self.query_id),
+        };
+    }
+}
+
+/// One connection's place for the entry of its statement (see the module's opening).
+#[derive(Debug, Default)]
+pub struct ProcessSlot {
+    entry: Mutex<Option<Process>>,
+}
+
+impl ProcessSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Process>> {
+        self.entry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A connection's [`ProcessSlot`], listed in the registry until the handle is dropped.
+#[derive(Debug)]
+pub struct SlotHandle {
+    registry: Arc<Registry>,
+    number: u64,
+    slot: Arc<ProcessSlot>,
+}
+
+impl Drop for SlotHandle {
+    fn drop(&mut self) {
+        self.registry.slots().remove(&self.number);
     }
 }
 
@@ -488,5 +606,94 @@ impl Control {
                 return to;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register(registry: &Arc<Registry>, text: &str, slot: Option<&SlotHandle>) -> ProcessGuard {
+        registry.register(
+            &Arc::from("u"),
+            &Arc::from("w"),
+            &Arc::from(text),
+            Some(7),
+            Instant::now(),
+            slot,
+        )
+    }
+
+    fn texts(registry: &Registry) -> Vec<String> {
+        registry.all().iter().map(|p| p.query.to_string()).collect()
+    }
+
+    #[test]
+    fn a_connections_statements_are_seen_and_reached_in_its_slot() {
+        let registry = Arc::new(Registry::default());
+        let slot = registry.slot();
+        let first = register(&registry, "SELECT 1", Some(&slot));
+        assert!(first.home.is_some(), "an empty slot takes it");
+        // A second statement of the connection at once goes in the shared map.
+        let second = register(&registry, "SELECT 2", Some(&slot));
+        assert!(second.home.is_none());
+        assert_eq!(texts(&registry), ["SELECT 1", "SELECT 2"]);
+        first.running(Arc::new(Mutex::new(Grant {
+            workload: Arc::from("w"),
+            attachments: Vec::new(),
+            memory: None,
+            demoted: None,
+        })));
+        assert_eq!(
+            registry.process(first.query_id, |p| Some(p.running)),
+            Some(true)
+        );
+        registry.show_in(first.query_id, "elsewhere");
+        assert_eq!(
+            registry.workload_of_query(first.query_id).as_deref(),
+            Some("elsewhere")
+        );
+        assert!(registry.kill(
+            first.query_id,
+            Error::new(ErrorCode::QueryWasCancelled, "k")
+        ));
+        assert!(futures::executor::block_on(first.control.killed())
+            .message
+            .contains('k'));
+        let key: CancelKey = (7, vec![1]);
+        registry.cancellable(key.clone());
+        registry.cancel(&key);
+        assert!(
+            second.control.stopped.is_raised(),
+            "a cancel reaches the map's too"
+        );
+        drop(first);
+        assert_eq!(texts(&registry), ["SELECT 2"]);
+        assert!(!registry.kill(1, Error::new(ErrorCode::QueryWasCancelled, "k")));
+        drop(second);
+        assert!(registry.is_empty());
+        // The slot is used again by the connection's next statement.
+        let third = register(&registry, "SELECT 3", Some(&slot));
+        assert!(third.home.is_some());
+        assert!(!registry.is_empty());
+        drop(third);
+        assert!(registry.is_empty());
+        drop(slot);
+        assert!(
+            registry.slots().is_empty(),
+            "a connection gone takes its slot with it"
+        );
+    }
+
+    #[test]
+    fn stop_all_stops_what_is_in_slots_and_what_comes_after() {
+        let registry = Arc::new(Registry::default());
+        let slot = registry.slot();
+        let before = register(&registry, "SELECT 1", Some(&slot));
+        registry.stop_all(Error::new(ErrorCode::QueryWasCancelled, "closing"));
+        assert!(before.control.stopped.is_raised());
+        drop(before);
+        let after = register(&registry, "SELECT 2", Some(&slot));
+        assert!(after.control.stopped.is_raised());
     }
 }

@@ -104,7 +104,7 @@ impl CopyFormat {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Query {
     /// The text without the `SETTINGS` tail and without a trailing `;`.
-    pub text: String,
+    pub text: std::sync::Arc<str>,
     /// The `SETTINGS name = value, …` tail, in written order.
     pub settings: Vec<(String, Literal)>,
     pub kind: StatementKind,
@@ -546,7 +546,7 @@ fn query(text: &str, lexed: &Lexed) -> Result<Statement> {
         .find(|w| *w != "(")
         .map_or(StatementKind::Utility, StatementKind::of);
     Ok(Statement::Query(Query {
-        text: markup.query,
+        text: markup.query.into(),
         settings: markup.settings,
         kind,
         literals,
@@ -635,7 +635,7 @@ fn copy_out(text: &str, lexed: &Lexed) -> Option<Result<Statement>> {
             None => (body, "*"),
         };
         Ok(Query {
-            text: format!("SELECT {columns} FROM {table}"),
+            text: format!("SELECT {columns} FROM {table}").into(),
             settings: Vec::new(),
             kind: StatementKind::Select,
             literals: Vec::new(),
@@ -1224,7 +1224,7 @@ mod tests {
         let one = |sql: &str| statements(sql).remove(0);
         match one("COPY (SELECT a, b FROM t WHERE a > 1) TO STDOUT WITH (FORMAT csv, HEADER)") {
             Ok(Statement::CopyOut { query, format }) => {
-                assert_eq!(query.text, "SELECT a, b FROM t WHERE a > 1");
+                assert_eq!(&*query.text, "SELECT a, b FROM t WHERE a > 1");
                 assert!(format.csv && format.header);
                 assert_eq!(format.delimiter, ",");
             }
@@ -1254,7 +1254,7 @@ mod tests {
         ));
         match one("copy t (a, b) to stdout") {
             Ok(Statement::CopyOut { query, format }) => {
-                assert_eq!(query.text, "SELECT a, b FROM t");
+                assert_eq!(&*query.text, "SELECT a, b FROM t");
                 assert!(!format.csv);
                 assert_eq!(format.null, "\\N");
             }
@@ -1275,7 +1275,7 @@ mod tests {
             Ok(Statement::Declare { name, hold, query }) => {
                 assert_eq!(name, "Big");
                 assert!(hold);
-                assert_eq!(query.text, "SELECT * FROM t WHERE a = $1");
+                assert_eq!(&*query.text, "SELECT * FROM t WHERE a = $1");
                 assert_eq!(query.kind, StatementKind::Select);
                 assert_eq!(&query.text[query.literals[0].clone()], "$1");
             }

@@ -40,7 +40,8 @@ pub(super) fn mentions_system(text: &str) -> bool {
 /// as admission sees it.
 #[derive(Debug, Clone)]
 pub struct Forwarded {
-    pub(super) sql: String,
+    /// What goes upstream (shared with the text it came in, when it is all of it).
+    pub(super) sql: Arc<str>,
     pub(super) query: Query,
     /// Whether running it may change the session's state beyond the transaction.
     pub(super) changes_session: bool,
@@ -49,7 +50,12 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
-    pub(super) fn new(sql: String, query: Query, changes_session: bool) -> Forwarded {
+    pub(super) fn new(sql: impl Into<Arc<str>>, query: Query, changes_session: bool) -> Forwarded {
+        let mut sql = sql.into();
+        // One copy of the text when what goes upstream is the statement whole (most are).
+        if *sql == *query.text {
+            sql = query.text.clone();
+        }
         Forwarded {
             sql,
             query,
@@ -80,8 +86,8 @@ pub(super) fn forwarded_as(
     }
     Some(match statement {
         ClientStatement::Query(query) => {
-            let sql = if query.settings.is_empty() {
-                text.to_string()
+            let sql: Arc<str> = if query.settings.is_empty() {
+                Arc::from(text)
             } else {
                 query.text.clone()
             };
@@ -118,7 +124,7 @@ pub(super) fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
 
 pub(super) fn utility(text: &str) -> Query {
     Query {
-        text: text.to_string(),
+        text: Arc::from(text),
         settings: Vec::new(),
         kind: StatementKind::Utility,
         literals: Vec::new(),
@@ -166,7 +172,7 @@ const SHAPE_TEXT_MAX: usize = 4096;
 
 impl Shapes {
     /// [`query_pieces`] of `text`, from what a text of its shape was read as when there was one.
-    pub(super) fn pieces(&mut self, text: &str) -> Option<Vec<Piece>> {
+    pub(super) fn pieces(&mut self, text: &Arc<str>) -> Option<Vec<Piece>> {
         if text.len() > SHAPE_TEXT_MAX {
             return query_pieces(text);
         }
@@ -187,7 +193,7 @@ impl Shapes {
         if let Some(shape) = pieces.as_deref().and_then(|p| Shape::of(text, p)) {
             // This run's admission takes the fingerprint made for the shape (not made twice).
             if let Some([(_, Some(forwarded))]) = pieces.as_deref_mut() {
-                forwarded.memo = StatementMemo::with_fingerprint(shape.fingerprint.clone());
+                forwarded.memo.share_fingerprint(shape.fingerprint.clone());
             }
             if self.read.len() >= SHAPES_KEPT {
                 self.read.clear();
@@ -202,9 +208,14 @@ impl Shapes {
 
 impl Shape {
     /// `text`, of this shape, read as a text of it was read.
-    fn pieces(&self, text: &str) -> Vec<Piece> {
+    fn pieces(&self, text: &Arc<str>) -> Vec<Piece> {
+        // One copy of the text when the statement is all of it (as in `Forwarded::new`).
+        let statement = match (self.lead, self.trail) {
+            (0, 0) => text.clone(),
+            (lead, trail) => Arc::from(&text[lead..text.len() - trail]),
+        };
         let query = Query {
-            text: text[self.lead..text.len() - self.trail].to_string(),
+            text: statement,
             settings: Vec::new(),
             kind: self.kind,
             // Only fingerprints read them, and the fingerprint is known.
@@ -212,7 +223,7 @@ impl Shape {
             nesting: self.nesting,
         };
         let forwarded = Forwarded {
-            sql: text.to_string(),
+            sql: text.clone(),
             query,
             changes_session: self.changes_session,
             memo: StatementMemo::with_fingerprint(self.fingerprint.clone()),
@@ -233,12 +244,12 @@ impl Shape {
                 | StatementKind::Update
                 | StatementKind::Delete
         );
-        if !kept_kind || !query.settings.is_empty() || forwarded.sql != text {
+        if !kept_kind || !query.settings.is_empty() || *forwarded.sql != *text {
             return None;
         }
         let lead = text.len() - text.trim_start().len();
         let trail = text.len().checked_sub(lead + query.text.len())?;
-        if !text[lead..].starts_with(query.text.as_str())
+        if !text[lead..].starts_with(&*query.text)
             || text[text.len() - trail..]
                 .bytes()
                 .any(|b| b.is_ascii_digit())
@@ -330,7 +341,7 @@ impl Prepared {
             encode(
                 &Parse::new(
                     Some(name.to_string()),
-                    self.forwarded.sql.clone(),
+                    self.forwarded.sql.to_string(),
                     self.types.clone(),
                 ),
                 out,
@@ -363,7 +374,7 @@ pub enum Step {
     },
     /// A simple Query: its statements, each with what is forwarded of it (`None`: sluice's).
     Query {
-        text: String,
+        text: Arc<str>,
         pieces: Vec<Piece>,
         /// The message as the client sent it, when its text is not UTF-8 (a `client_encoding`
         /// other than UTF8): `text` is read from it for routing and admission, and these
@@ -459,9 +470,10 @@ impl Forwarder {
                 if let Some(name) = self.pooled_deallocate(&q.query) {
                     Step::Deallocate { name }
                 } else {
-                    match self.shapes.pieces(&q.query) {
+                    let text: Arc<str> = Arc::from(q.query.as_str());
+                    match self.shapes.pieces(&text) {
                         Some(pieces) => Step::Query {
-                            text: q.query,
+                            text,
                             pieces,
                             raw: None,
                         },
@@ -601,20 +613,18 @@ impl Forwarder {
                 if let Some(name) = self.pooled_deallocate(&text) {
                     return RoutedRaw::Upstream(Step::Deallocate { name });
                 }
+                let text: Arc<str> = Arc::from(text);
                 let pieces = if utf8 {
                     self.shapes.pieces(&text)
                 } else {
                     query_pieces(&text)
                 };
                 match pieces {
-                    Some(pieces) => {
-                        let text = text.into_owned();
-                        RoutedRaw::Upstream(Step::Query {
-                            text,
-                            pieces,
-                            raw: (!utf8).then_some(frame),
-                        })
-                    }
+                    Some(pieces) => RoutedRaw::Upstream(Step::Query {
+                        text,
+                        pieces,
+                        raw: (!utf8).then_some(frame),
+                    }),
                     None => RoutedRaw::Local(frame),
                 }
             }
@@ -787,7 +797,7 @@ mod tests {
     fn a_text_of_the_last_shape_is_read_as_it_was() {
         let mut shapes = Shapes::default();
         let mut read = |text: &str| {
-            let pieces = shapes.pieces(text).expect("forwarded");
+            let pieces = shapes.pieces(&Arc::from(text)).expect("forwarded");
             let [(span, Some(forwarded))] = &pieces[..] else {
                 panic!("{text}: one forwarded statement, {pieces:?}");
             };
@@ -798,8 +808,16 @@ mod tests {
                 sluice_sql::fingerprint(&forwarded.query.text).id,
                 "{text}"
             );
+            // What goes upstream is the text as sent, one copy with the statement's when
+            // that is all of it.
+            assert_eq!(*forwarded.sql, *text);
+            assert_eq!(
+                Arc::ptr_eq(&forwarded.sql, &forwarded.query.text),
+                text == &*forwarded.query.text,
+                "{text}"
+            );
             (
-                forwarded.query.text.clone(),
+                forwarded.query.text.to_string(),
                 forwarded.query.kind,
                 fingerprint,
             )
@@ -819,6 +837,9 @@ mod tests {
         assert_eq!(text, "SELECT c2 FROM t");
         assert!(!Arc::ptr_eq(&t1, &t2));
         assert_ne!(t1.id, t2.id);
+        // A text of the last shape that is its statement whole: one copy of it, shared.
+        let (_, _, t3) = read("SELECT c2 FROM t");
+        assert!(Arc::ptr_eq(&t2, &t3));
         // Another kind of statement is no text of the shape.
         let (_, kind, _) = read("DELETE FROM t WHERE id = 5");
         assert_eq!(kind, StatementKind::Delete);
