@@ -29,7 +29,7 @@ pub mod tree;
 
 pub use runtime::{
     Acquire, Clock, Fence, LimitKind, LimitState, NodeState, NodeStats, Permit, ResourceScheduler,
-    TokioClock,
+    TokioClock, Wake,
 };
 pub use shares::{shares, ShareRow};
 pub use space::{

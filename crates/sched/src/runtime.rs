@@ -81,7 +81,17 @@ const ONE_DEQUEUE: u64 = 1_000_000;
 /// time (`tokio::time::pause`) and timing logic runs deterministically in virtual time.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Instant;
+
+    /// Calls `wake` at `at` (or later) on this clock's time — later, never from within
+    /// `call_at` — for a clock with timers of its own (a simulation's). A clock without gives
+    /// `wake` back: the scheduler then sleeps on the tokio runtime it was made on.
+    fn call_at(&self, _at: Instant, wake: Wake) -> std::result::Result<(), Wake> {
+        Err(wake)
+    }
 }
+
+/// What a [`Clock`] calls at a time it was given.
+pub type Wake = Box<dyn FnOnce() + Send>;
 
 /// tokio's clock (virtual when the runtime's time is paused).
 #[derive(Debug, Default, Clone, Copy)]
@@ -1084,7 +1094,6 @@ impl Shared {
     }
 
     fn arm_timer(self: &Arc<Self>, state: &mut State, now: Instant) {
-        let Some(runtime) = &self.runtime else { return };
         if !state.throttled {
             return; // no bandwidth_limit in the tree: nothing refills
         }
@@ -1094,10 +1103,8 @@ impl Shared {
         if state.wake_at.is_some_and(|w| w <= at && w > now) {
             return;
         }
-        state.wake_at = Some(at);
         let weak: Weak<Shared> = Arc::downgrade(self);
-        runtime.spawn(async move {
-            tokio::time::sleep_until(at).await;
+        let refill = move || {
             if let Some(shared) = weak.upgrade() {
                 let mut state = shared.lock();
                 if state.wake_at == Some(at) {
@@ -1105,6 +1112,20 @@ impl Shared {
                 }
                 shared.dispatch(&mut state);
             }
+        };
+        // The clock's own timer (its call comes after this lock is let go), else the runtime's.
+        let refill = match self.clock.call_at(at, Box::new(refill)) {
+            Ok(()) => {
+                state.wake_at = Some(at);
+                return;
+            }
+            Err(refill) => refill,
+        };
+        let Some(runtime) = &self.runtime else { return };
+        state.wake_at = Some(at);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            refill();
         });
     }
 

@@ -1,7 +1,11 @@
 //! `sluice simulate`: a trace of statements replayed through the same scheduler code the server
 //! runs — the compiled trees, `ResourceScheduler` admission, permits that move on demotion, the
-//! learned lanes' book — in virtual time (tokio's paused clock), so a day of reports takes
-//! seconds.
+//! learned lanes' book — in virtual time, so a day of reports takes seconds.
+//!
+//! The time is [`VirtualTime`]'s: it stands still while any statement can go on, and jumps to
+//! the next timer when none can (what tokio's paused clock does, without tokio's test
+//! utilities compiled into the server, where they make every read of the runtime's clock take
+//! a lock). The statements run on a local executor of their own, not on a tokio runtime.
 //!
 //! What is simulated is admission: each statement holds its QUERY slots for its service time
 //! (the time it takes alone), as sluice would hold them. The engine is not: service times do
@@ -9,12 +13,18 @@
 //! are what fast reports wait for) and it says so wherever it is printed.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use futures::task::LocalSpawnExt;
+use futures::FutureExt;
 use sluice_catalog::Catalog;
-use sluice_sched::{compile, Machine, Permit, ResourceScheduler, TokioClock};
+use sluice_sched::{compile, Clock, Machine, Permit, ResourceScheduler, Wake};
 use sluice_sql::{CostUnit, Error, ErrorCode, Fingerprint, Result};
+use tokio::time::Instant;
 
 use crate::lanes::{lane_for, LaneBook, Run};
 
@@ -85,67 +95,190 @@ pub fn simulate(
     machine: Machine,
     trace: &[Arrival],
 ) -> Result<(Vec<Fate>, PeakQueues)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| {
+    let trees = compile(catalog, machine)?;
+    let time = Arc::new(VirtualTime::new());
+    let schedulers: Arc<Vec<ResourceScheduler>> = Arc::new(
+        trees
+            .trees
+            .iter()
+            .filter(|t| t.unit == CostUnit::QuerySlot)
+            .map(|t| ResourceScheduler::new(t, time.clone()))
+            .collect(),
+    );
+    let catalog = Arc::new(catalog.clone());
+    let book = Arc::new(LaneBook::in_memory());
+    let queues = Arc::new(Mutex::new(Queues::default()));
+    let start = time.now();
+    let mut pool = futures::executor::LocalPool::new();
+    let spawner = pool.spawner();
+    let mut statements = Vec::with_capacity(trace.len());
+    for (index, arrival) in trace.iter().cloned().enumerate() {
+        let (schedulers, catalog, book, queues, time) = (
+            schedulers.clone(),
+            catalog.clone(),
+            book.clone(),
+            queues.clone(),
+            time.clone(),
+        );
+        let statement = async move {
+            time.sleep_until(start + arrival.at).await;
+            one(index, arrival, &schedulers, &catalog, &book, &queues, &time).await
+        };
+        statements.push(spawner.spawn_local_with_handle(statement).map_err(|e| {
             Error::new(
                 ErrorCode::InternalError,
-                format!("cannot start a runtime: {e}"),
+                format!("cannot start a simulated statement: {e}"),
             )
-        })?;
-    runtime.block_on(replay(catalog, machine, trace))
+        })?);
+    }
+    // Every statement goes as far as it can at this time; then the time moves on to the next
+    // timer, until none is left.
+    loop {
+        pool.run_until_stalled();
+        if !time.advance() {
+            break;
+        }
+    }
+    let mut fates = Vec::with_capacity(statements.len());
+    for statement in statements {
+        let Some(fate) = statement.now_or_never() else {
+            return Err(Error::new(
+                ErrorCode::InternalError,
+                "a simulated statement waits for nothing that will come (the simulation stalled)",
+            ));
+        };
+        fates.push(fate?);
+    }
+    let peak = std::mem::take(&mut queues.lock().unwrap_or_else(|p| p.into_inner()).peak);
+    Ok((fates, peak))
+}
+
+/// The simulation's clock and timers (see the module's opening).
+struct VirtualTime {
+    /// Where its time begins (a real instant: only differences are read).
+    start: Instant,
+    timers: Mutex<Timers>,
+}
+
+#[derive(Default)]
+struct Timers {
+    /// How far from `start` the time is.
+    now: Duration,
+    /// What is due when, in the order it was asked for at one time.
+    due: BTreeMap<(Instant, u64), Due>,
+    next: u64,
+}
+
+enum Due {
+    /// A statement's sleep: its task is woken.
+    Wake(Waker),
+    /// A scheduler's refill.
+    Call(Wake),
+}
+
+impl std::fmt::Debug for VirtualTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtualTime").finish_non_exhaustive()
+    }
+}
+
+impl VirtualTime {
+    fn new() -> VirtualTime {
+        VirtualTime {
+            start: Instant::now(),
+            timers: Mutex::default(),
+        }
+    }
+
+    fn timers(&self) -> std::sync::MutexGuard<'_, Timers> {
+        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn at(&self, key: (Instant, u64), due: Due) {
+        self.timers().due.insert(key, due);
+    }
+
+    fn key(&self, at: Instant) -> (Instant, u64) {
+        let mut timers = self.timers();
+        timers.next += 1;
+        (at, timers.next)
+    }
+
+    /// Moves the time on to the earliest timer and sets off every one due then; `false` when
+    /// no timer is left. (Nothing is set off under the lock: a refill takes its scheduler's.)
+    fn advance(&self) -> bool {
+        let fired = {
+            let mut timers = self.timers();
+            let Some(&(at, _)) = timers.due.keys().next() else {
+                return false;
+            };
+            timers.now = timers.now.max(at - self.start);
+            let later = timers.due.split_off(&(at, u64::MAX));
+            std::mem::replace(&mut timers.due, later)
+        };
+        for due in fired.into_values() {
+            match due {
+                Due::Wake(waker) => waker.wake(),
+                Due::Call(wake) => wake(),
+            }
+        }
+        true
+    }
+
+    /// Ready once the time is `at` or later.
+    fn sleep_until(&self, at: Instant) -> Sleep<'_> {
+        Sleep {
+            time: self,
+            at,
+            key: None,
+        }
+    }
+}
+
+impl Clock for VirtualTime {
+    fn now(&self) -> Instant {
+        self.start + self.timers().now
+    }
+
+    fn call_at(&self, at: Instant, wake: Wake) -> std::result::Result<(), Wake> {
+        let key = self.key(at);
+        self.at(key, Due::Call(wake));
+        Ok(())
+    }
+}
+
+/// [`VirtualTime::sleep_until`].
+struct Sleep<'a> {
+    time: &'a VirtualTime,
+    at: Instant,
+    /// Its timer, once set (polled again, the timer wakes the task that polled last).
+    key: Option<(Instant, u64)>,
+}
+
+impl Future for Sleep<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.time.now() >= self.at {
+            return Poll::Ready(());
+        }
+        let key = match self.key {
+            Some(key) => key,
+            None => {
+                let key = self.time.key(self.at);
+                self.key = Some(key);
+                key
+            }
+        };
+        self.time.at(key, Due::Wake(cx.waker().clone()));
+        Poll::Pending
+    }
 }
 
 #[derive(Debug, Default)]
 struct Queues {
     now: BTreeMap<String, usize>,
     peak: PeakQueues,
-}
-
-async fn replay(
-    catalog: &Catalog,
-    machine: Machine,
-    trace: &[Arrival],
-) -> Result<(Vec<Fate>, PeakQueues)> {
-    let trees = compile(catalog, machine)?;
-    let schedulers: Arc<Vec<ResourceScheduler>> = Arc::new(
-        trees
-            .trees
-            .iter()
-            .filter(|t| t.unit == CostUnit::QuerySlot)
-            .map(|t| ResourceScheduler::new(t, Arc::new(TokioClock)))
-            .collect(),
-    );
-    let catalog = Arc::new(catalog.clone());
-    let book = Arc::new(LaneBook::in_memory());
-    let queues = Arc::new(Mutex::new(Queues::default()));
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(trace.len());
-    for (index, arrival) in trace.iter().cloned().enumerate() {
-        let (schedulers, catalog, book, queues) = (
-            schedulers.clone(),
-            catalog.clone(),
-            book.clone(),
-            queues.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep_until(start + arrival.at).await;
-            one(index, arrival, &schedulers, &catalog, &book, &queues).await
-        }));
-    }
-    let mut fates = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        fates.push(task.await.map_err(|e| {
-            Error::new(
-                ErrorCode::InternalError,
-                format!("a simulated statement failed: {e}"),
-            )
-        })??);
-    }
-    let peak = std::mem::take(&mut queues.lock().unwrap_or_else(|p| p.into_inner()).peak);
-    Ok((fates, peak))
 }
 
 /// The workload the catalog's classifiers place a statement that names none in, as the
@@ -182,8 +315,9 @@ async fn one(
     catalog: &Catalog,
     book: &LaneBook,
     queues: &Mutex<Queues>,
+    time: &VirtualTime,
 ) -> Result<Fate> {
-    let arrived = tokio::time::Instant::now();
+    let arrived = time.now();
     let fingerprint = fingerprint_of(&arrival.statement);
     let requested = match &arrival.workload {
         Some(w) => w.clone(),
@@ -212,7 +346,7 @@ async fn one(
             Ok(a) => a,
             Err(e) if e.code == ErrorCode::ServerOverloaded => {
                 fate.outcome = Outcome::Rejected;
-                fate.completed = arrived.elapsed();
+                fate.completed = time.now() - arrived;
                 return Ok(fate);
             }
             Err(e) => return Err(e),
@@ -235,7 +369,7 @@ async fn one(
         }
         permits.push((scheduler, permit?));
     }
-    let admitted = tokio::time::Instant::now();
+    let admitted = time.now();
     fate.waited = admitted - arrived;
     let limit = catalog.lanes(&admitted_in).max_execution_time;
     let mut end = admitted + arrival.service;
@@ -248,7 +382,7 @@ async fn one(
         if admitted + due.after >= end {
             break;
         }
-        tokio::time::sleep_until(admitted + due.after).await;
+        time.sleep_until(admitted + due.after).await;
         for (scheduler, permit) in &mut permits {
             permit.move_to(scheduler, &due.to)?;
         }
@@ -256,9 +390,9 @@ async fn one(
         fate.ended_in = due.to;
         fate.demoted = true;
     }
-    tokio::time::sleep_until(end).await;
+    time.sleep_until(end).await;
     drop(permits);
-    fate.completed = arrived.elapsed();
+    fate.completed = time.now() - arrived;
     let ran = end - admitted;
     book.record(
         &fingerprint,
@@ -341,6 +475,21 @@ mod tests {
         // The small one is not held up by either.
         assert_eq!(f(3).waited, Duration::ZERO);
         assert_eq!(peak.get("slow"), Some(&1));
+    }
+
+    /// A rate limit's refills come on the simulation's own timers (`Clock::call_at`): without
+    /// them the statements it holds would wait for good.
+    #[test]
+    fn a_rate_limit_admits_statements_as_its_tokens_refill_in_virtual_time() {
+        let c = catalog(
+            "CREATE RESOURCE q (QUERY);
+             CREATE WORKLOAD all SETTINGS max_queries_per_second = 10, max_burst_queries = 1;
+             CREATE WORKLOAD fast IN all",
+        );
+        let trace: Vec<Arrival> = (0..5).map(|_| arrival(0, "SELECT 1", 1)).collect();
+        let (fates, _) = simulate(&c, MACHINE, &trace).expect("simulates");
+        let waited: Vec<u128> = fates.iter().map(|f| f.waited.as_millis()).collect();
+        assert_eq!(waited, [0, 0, 100, 200, 300]);
     }
 
     /// Statements that name no workload are placed by the classifiers, and an outranked
