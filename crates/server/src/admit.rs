@@ -89,11 +89,6 @@ impl StatementMemo {
         }
     }
 
-    /// Shares `fingerprint` as its fingerprint (nothing if it has one).
-    pub(crate) fn share_fingerprint(&self, fingerprint: Arc<sluice_sql::Fingerprint>) {
-        let _ = self.fingerprint.set(fingerprint);
-    }
-
     /// Its fingerprint, if made.
     #[cfg(test)]
     pub(crate) fn fingerprint(&self) -> Option<&Arc<sluice_sql::Fingerprint>> {

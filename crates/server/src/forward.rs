@@ -542,7 +542,7 @@ impl Forwarder {
             let admit_as = pieces
                 .into_iter()
                 .find_map(|(_, f)| f)
-                .unwrap_or_else(|| Forwarded::new(text.clone(), utility(&text), false));
+                .unwrap_or_else(|| Forwarded::new(&text, utility(&text), false));
             if !self.begin(socket, connection, Some(&admit_as)).await? {
                 out.clear();
                 self.spare_out = out;
@@ -634,7 +634,7 @@ impl Forwarder {
         }) {
             Some(Some(prepared)) => Some(&prepared.forwarded),
             Some(None) => {
-                unknown = Forwarded::new(String::new(), utility(""), false);
+                unknown = Forwarded::new("", utility(""), false);
                 Some(&unknown)
             }
             None => None,

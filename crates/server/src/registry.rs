@@ -127,24 +127,18 @@ impl Registry {
             control: control.clone(),
             classified: None,
         };
-        let home = match slot {
-            Some(handle) => {
-                let mut entry = handle.slot.lock();
-                if entry.is_none() {
-                    *entry = Some(process);
-                    drop(entry);
-                    Some(handle.slot.clone())
-                } else {
-                    drop(entry);
-                    self.processes().insert(query_id, process);
-                    None
-                }
-            }
-            None => {
-                self.processes().insert(query_id, process);
-                None
-            }
-        };
+        // In the connection's slot when it is free, else in the shared map.
+        let mut process = Some(process);
+        let home = slot.and_then(|handle| {
+            let mut entry = handle.slot.lock();
+            entry.is_none().then(|| {
+                *entry = process.take();
+                handle.slot.clone()
+            })
+        });
+        if let Some(process) = process {
+            self.processes().insert(query_id, process);
+        }
         // Registered as the registry closed, after `stop_all` stopped the others.
         if self.is_closed.load(Ordering::SeqCst) {
             if let Some(error) = self
@@ -178,12 +172,17 @@ impl Registry {
         for p in self.processes().values_mut() {
             f(p);
         }
-        let slots: Vec<Arc<ProcessSlot>> = self.slots().values().cloned().collect();
-        for slot in slots {
+        for slot in self.slot_list() {
             if let Some(p) = slot.lock().as_mut() {
                 f(p);
             }
         }
+    }
+
+    /// The connections' slots as they are now (the list's lock is not held while each slot's
+    /// is taken).
+    fn slot_list(&self) -> Vec<Arc<ProcessSlot>> {
+        self.slots().values().cloned().collect()
     }
 
     /// `f` on statement `query_id`'s entry, while it has one.
@@ -191,8 +190,7 @@ impl Registry {
         if let Some(p) = self.processes().get_mut(&query_id) {
             return Some(f(p));
         }
-        let slots: Vec<Arc<ProcessSlot>> = self.slots().values().cloned().collect();
-        for slot in slots {
+        for slot in self.slot_list() {
             if let Some(p) = slot.lock().as_mut().filter(|p| p.query_id == query_id) {
                 return Some(f(p));
             }

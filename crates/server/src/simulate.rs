@@ -194,14 +194,16 @@ impl VirtualTime {
         self.timers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn at(&self, key: (Instant, u64), due: Due) {
-        self.timers().due.insert(key, due);
-    }
-
-    fn key(&self, at: Instant) -> (Instant, u64) {
+    /// Sets `due` off at `key`'s time: at `key` when given (a timer set before, again), else
+    /// at `at`, after whatever was set for that time already. Returns where it is set.
+    fn set(&self, at: Instant, key: Option<(Instant, u64)>, due: Due) -> (Instant, u64) {
         let mut timers = self.timers();
-        timers.next += 1;
-        (at, timers.next)
+        let key = key.unwrap_or_else(|| {
+            timers.next += 1;
+            (at, timers.next)
+        });
+        timers.due.insert(key, due);
+        key
     }
 
     /// Moves the time on to the earliest timer and sets off every one due then; `false` when
@@ -241,8 +243,7 @@ impl Clock for VirtualTime {
     }
 
     fn call_at(&self, at: Instant, wake: Wake) -> std::result::Result<(), Wake> {
-        let key = self.key(at);
-        self.at(key, Due::Call(wake));
+        self.set(at, None, Due::Call(wake));
         Ok(())
     }
 }
@@ -262,15 +263,10 @@ impl Future for Sleep<'_> {
         if self.time.now() >= self.at {
             return Poll::Ready(());
         }
-        let key = match self.key {
-            Some(key) => key,
-            None => {
-                let key = self.time.key(self.at);
-                self.key = Some(key);
-                key
-            }
-        };
-        self.time.at(key, Due::Wake(cx.waker().clone()));
+        let key = self
+            .time
+            .set(self.at, self.key, Due::Wake(cx.waker().clone()));
+        self.key = Some(key);
         Poll::Pending
     }
 }

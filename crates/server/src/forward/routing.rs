@@ -50,12 +50,13 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
-    pub(super) fn new(sql: impl Into<Arc<str>>, query: Query, changes_session: bool) -> Forwarded {
-        let mut sql = sql.into();
-        // One copy of the text when what goes upstream is the statement whole (most are).
-        if *sql == *query.text {
-            sql = query.text.clone();
-        }
+    pub(super) fn new(sql: &str, query: Query, changes_session: bool) -> Forwarded {
+        // One copy of the text when what goes upstream is the statement whole.
+        let sql = if sql == &*query.text {
+            query.text.clone()
+        } else {
+            Arc::from(sql)
+        };
         Forwarded {
             sql,
             query,
@@ -79,18 +80,15 @@ pub(super) fn forwarded_as(
     let statement = match statement {
         Ok(Some(s)) => s,
         // Empty, or not one statement sluice can read: the upstream says what it makes of it.
-        Ok(None) | Err(_) => return Some(Forwarded::new(text.to_string(), utility(text), false)),
+        Ok(None) | Err(_) => return Some(Forwarded::new(text, utility(text), false)),
     };
     if is_sluices(&statement) {
         return None;
     }
     Some(match statement {
         ClientStatement::Query(query) => {
-            let sql: Arc<str> = if query.settings.is_empty() {
-                Arc::from(text)
-            } else {
-                query.text.clone()
-            };
+            // The text as written, or without its SETTINGS tail when it has one.
+            let cut = (!query.settings.is_empty()).then(|| query.text.clone());
             let changes_session = !matches!(
                 query.kind,
                 StatementKind::Select
@@ -100,7 +98,7 @@ pub(super) fn forwarded_as(
             ) || sluice_sql::mentions(text, "set_config")
                 || sluice_sql::mentions(text, "pg_advisory")
                 || sluice_sql::mentions(text, "prepare");
-            Forwarded::new(sql, query, changes_session)
+            Forwarded::new(cut.as_deref().unwrap_or(text), query, changes_session)
         }
         ClientStatement::Transaction(_) => tail_cut(text, false),
         _ => tail_cut(text, true),
@@ -116,9 +114,9 @@ pub(super) fn tail_cut(text: &str, changes_session: bool) -> Forwarded {
                 settings: markup.settings,
                 ..utility(&markup.query)
             };
-            Forwarded::new(markup.query, query, changes_session)
+            Forwarded::new(&markup.query, query, changes_session)
         }
-        _ => Forwarded::new(text.to_string(), utility(text), changes_session),
+        _ => Forwarded::new(text, utility(text), changes_session),
     }
 }
 
@@ -193,7 +191,7 @@ impl Shapes {
         if let Some(shape) = pieces.as_deref().and_then(|p| Shape::of(text, p)) {
             // This run's admission takes the fingerprint made for the shape (not made twice).
             if let Some([(_, Some(forwarded))]) = pieces.as_deref_mut() {
-                forwarded.memo.share_fingerprint(shape.fingerprint.clone());
+                forwarded.memo = StatementMemo::with_fingerprint(shape.fingerprint.clone());
             }
             if self.read.len() >= SHAPES_KEPT {
                 self.read.clear();
