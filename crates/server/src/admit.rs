@@ -129,6 +129,84 @@ pub(crate) struct Admitted {
     pub stop: Stop,
 }
 
+/// An admission as [`Admission::admit`] returns it, awaited for its outcome: decided already
+/// (admitted or refused without waiting, most statements: no future state, nothing boxed),
+/// or waiting for a resource, the wait boxed.
+pub(crate) enum Admitting<'a> {
+    /// Taken by the first poll.
+    Decided(Option<Result<Admitted>>),
+    Waiting(Pin<Box<dyn Future<Output = Result<Admitted>> + Send + 'a>>),
+}
+
+impl Future for Admitting<'_> {
+    type Output = Result<Admitted>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Admitted>> {
+        match self.get_mut() {
+            Admitting::Decided(decided) => Poll::Ready(
+                decided
+                    .take()
+                    .expect("an admission is polled until it is ready, not after"),
+            ),
+            Admitting::Waiting(waiting) => waiting.as_mut().poll(cx),
+        }
+    }
+}
+
+/// An admission under way: the statement registered, what it took so far, what it asks for
+/// next.
+struct UnderWay {
+    plan: Arc<SessionPlan>,
+    snapshot: Arc<Snapshot>,
+    guard: ProcessGuard,
+    /// Where it queues; a `MOVE QUERY` while it waits changes it.
+    workload: Arc<str>,
+    attachments: Vec<Attachment>,
+    settings: QuerySettings,
+    admission_deadline: Option<(tokio::time::Instant, Duration)>,
+    placed_by_rule: bool,
+    memory: Option<Arc<crate::memory::StatementMemory>>,
+    stage: Stage,
+}
+
+impl UnderWay {
+    /// Whether it reserves memory: a MEMORY RESERVATION resource, `reserve_memory` or
+    /// `max_memory_usage`.
+    fn needs_memory(&self) -> bool {
+        !self.snapshot.memory.is_empty()
+            || self.settings.reserve_memory != 0
+            || self.settings.max_memory_usage != 0
+    }
+}
+
+/// What an admission asks for, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    QuerySlot,
+    Memory,
+    Master,
+    /// Everything it waits for is taken (its worker threads are never waited for).
+    Taken,
+}
+
+impl Stage {
+    fn next(self) -> Stage {
+        match self {
+            Stage::QuerySlot => Stage::Memory,
+            Stage::Memory => Stage::Master,
+            Stage::Master | Stage::Taken => Stage::Taken,
+        }
+    }
+}
+
+/// What an admission under way waits for, at its stage.
+enum Wait {
+    /// A slot of its stage's resource (the query slot's or the master thread's).
+    Slot(sluice_sched::Acquire),
+    /// Its memory reservation.
+    Memory,
+}
+
 /// What ends an admitted statement early, whichever comes first: its [`Control`] stopped (a
 /// cancel request, `KILL QUERY`, an eviction, the shutdown's grace running out), its client
 /// going away, its `max_execution_time`. A future polled by the statement's connection only;
@@ -554,14 +632,48 @@ impl Admission {
     /// Admits `query`: its workload (chosen, classified, its lane), its place in
     /// `system.processes`, then every resource its workload's tree asks for. The record of
     /// the run is put in `record` as soon as there is one, so a failure is recorded too.
-    pub(crate) async fn admit(
+    ///
+    /// Decided here, without a future of its own, when nothing has to be waited for (most
+    /// statements: every slot they ask for is free); only a statement that waits gets a
+    /// (boxed) future, the wait's.
+    pub(crate) fn admit<'a>(
+        &'a self,
+        user: &Arc<str>,
+        query: &Query,
+        memo: Option<&StatementMemo>,
+        notices: &'a mut dyn Notices,
+        record: &'a mut Option<RunRecord>,
+    ) -> Admitting<'a> {
+        let (mut under_way, wait) = match self.arrive(user, query, memo, record) {
+            Err(e) => return Admitting::Decided(Some(Err(e))),
+            Ok(mut under_way) => match self.advance(&mut under_way) {
+                Err(e) => return Admitting::Decided(Some(Err(e))),
+                Ok(None) => return Admitting::Decided(Some(Ok(self.admitted(under_way, record)))),
+                Ok(Some(wait)) => (under_way, wait),
+            },
+        };
+        Admitting::Waiting(Box::pin(async move {
+            let mut wait = wait;
+            loop {
+                self.wait_for(&mut under_way, wait, notices).await?;
+                under_way.stage = under_way.stage.next();
+                match self.advance(&mut under_way)? {
+                    None => return Ok(self.admitted(under_way, record)),
+                    Some(next) => wait = next,
+                }
+            }
+        }))
+    }
+
+    /// A statement's arrival at admission: its workload (chosen, classified, its lane), its
+    /// record (put in `record`), its `system.processes` entry, its admission deadline.
+    fn arrive(
         &self,
         user: &Arc<str>,
         query: &Query,
         memo: Option<&StatementMemo>,
-        notices: &mut dyn Notices,
         record: &mut Option<RunRecord>,
-    ) -> Result<Admitted> {
+    ) -> Result<UnderWay> {
         let settings = query_settings(&query.settings)?;
         let plan = self.plan(user);
         let chosen = match &settings.workload {
@@ -591,20 +703,125 @@ impl Admission {
             &fingerprint,
         );
         // The statement's text, shared by its process entry and its record.
-        let text = query.text.clone();
-        *record = Some(RunRecord::new(
+        let text = &query.text;
+        let record = record.insert(RunRecord::new(
             self.shared.clone(),
             0,
             user,
             &workload,
             fingerprint,
-            &text,
+            text,
             judged_by,
         ));
-        self.admit_in(
-            &plan, &workload, classified, &text, settings, notices, record,
-        )
-        .await
+        let pid = self.cancel.get().map(|(pid, _)| *pid);
+        // The clock read once at its arrival, for its record and its process entry.
+        let arrived = record.arrived_at();
+        let registry = &self.shared.registry;
+        let slot = self.process_slot.get_or_init(|| registry.slot());
+        let guard = registry.register(&plan.user, &workload, text, pid, arrived, Some(slot));
+        // Only a statement a rule placed can be placed again while it waits.
+        let placed_by_rule = classified.is_some();
+        guard.classified(classified);
+        record.set_query_id(guard.query_id);
+        // `workload_admission_timeout_ms` bounds the whole wait (every resource together): the
+        // statement's, else the session's, else its user's; 0 (or nothing) is no limit.
+        let admission_deadline = match settings.admission_timeout {
+            Some(own) => Some(own),
+            None => plan.admission_timeout.clone()?,
+        }
+        .filter(|d| !d.is_zero())
+        .map(|limit| (tokio::time::Instant::now() + limit, limit));
+        Ok(UnderWay {
+            plan,
+            snapshot,
+            guard,
+            workload,
+            // A query slot and a master thread's, most often.
+            attachments: Vec::with_capacity(2),
+            settings,
+            admission_deadline,
+            placed_by_rule,
+            memory: None,
+            stage: Stage::QuerySlot,
+        })
+    }
+
+    /// Takes what `under_way` asks for, from its stage on, as far as it can without waiting
+    /// (its query slot, then its memory reservation, then its master thread): `None` once it
+    /// holds them all, else what it must wait for (its stage left at that one).
+    fn advance(&self, u: &mut UnderWay) -> Result<Option<Wait>> {
+        loop {
+            let part = match u.stage {
+                Stage::QuerySlot => u.snapshot.query_slot(),
+                // (No memory resource, no reservation, no cap, most often: nothing to reserve.)
+                Stage::Memory if u.needs_memory() => return Ok(Some(Wait::Memory)),
+                Stage::Memory => None,
+                // (No master-thread resource, most often in front of an upstream: nothing.)
+                Stage::Master => u
+                    .snapshot
+                    .master()
+                    .filter(|_| !u.settings.no_concurrency_control),
+                Stage::Taken => return Ok(None),
+            };
+            if let Some((resource, scheduler)) = part {
+                let asked = self.ask_slot(
+                    resource,
+                    scheduler,
+                    &u.guard,
+                    &u.snapshot,
+                    &u.workload,
+                    &mut u.attachments,
+                )?;
+                if let Some(acquire) = asked {
+                    return Ok(Some(Wait::Slot(acquire)));
+                }
+            }
+            u.stage = u.stage.next();
+        }
+    }
+
+    /// Waits for what `wait` says `under_way` waits for, telling the client it waits.
+    async fn wait_for(
+        &self,
+        u: &mut UnderWay,
+        wait: Wait,
+        notices: &mut dyn Notices,
+    ) -> Result<()> {
+        match wait {
+            Wait::Slot(acquire) => {
+                let snapshot = u.snapshot.clone();
+                let part = match u.stage {
+                    Stage::QuerySlot => snapshot.query_slot(),
+                    _ => snapshot.master(),
+                };
+                let (resource, scheduler) = part.expect("a slot asked of a resource the tree has");
+                self.wait_for_slot(
+                    resource,
+                    scheduler,
+                    acquire,
+                    &u.guard,
+                    &snapshot,
+                    &mut u.workload,
+                    &mut u.attachments,
+                    u.admission_deadline,
+                    notices,
+                )
+                .await
+            }
+            Wait::Memory => {
+                u.memory = self
+                    .reserve_memory(
+                        &u.guard,
+                        &u.snapshot,
+                        &u.workload,
+                        &u.settings,
+                        u.admission_deadline,
+                        notices,
+                    )
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// The metrics series of `workload` in `resource`, from the connection's own few.
@@ -666,43 +883,6 @@ impl Admission {
             fingerprint,
         )
         .map_or(requested, |lane| self.shared_name(&lane))
-    }
-
-    /// A slot of `part` (a resource and its scheduler; `None`: the tree has none, nothing to
-    /// take) for the statement, at once or waited for.
-    #[allow(clippy::too_many_arguments)]
-    async fn take_slot(
-        &self,
-        part: Option<(&Arc<str>, &sluice_sched::ResourceScheduler)>,
-        guard: &ProcessGuard,
-        snapshot: &Snapshot,
-        workload: &mut Arc<str>,
-        attachments: &mut Vec<Attachment>,
-        admission_deadline: Option<(tokio::time::Instant, Duration)>,
-        notices: &mut dyn Notices,
-    ) -> Result<()> {
-        let Some((resource, scheduler)) = part else {
-            return Ok(());
-        };
-        match self.ask_slot(resource, scheduler, guard, snapshot, workload, attachments)? {
-            None => Ok(()),
-            // The wait's state (its `select!` over six futures) is boxed: the statements that
-            // never wait do not carry it in their futures.
-            Some(acquire) => {
-                Box::pin(self.wait_for_slot(
-                    resource,
-                    scheduler,
-                    acquire,
-                    guard,
-                    snapshot,
-                    workload,
-                    attachments,
-                    admission_deadline,
-                    notices,
-                ))
-                .await
-            }
-        }
     }
 
     /// Asks for a slot of `resource` in `workload`: taken at once when one is free (most
@@ -964,85 +1144,21 @@ impl Admission {
         ))))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn admit_in(
-        &self,
-        plan: &SessionPlan,
-        workload: &Arc<str>,
-        classified: Option<Arc<crate::registry::Classified>>,
-        text: &Arc<str>,
-        settings: QuerySettings,
-        notices: &mut dyn Notices,
-        record: &mut Option<RunRecord>,
-    ) -> Result<Admitted> {
-        // A query slot and a master thread's, most often.
-        let mut attachments: Vec<Attachment> = Vec::with_capacity(2);
-        let pid = self.cancel.get().map(|(pid, _)| *pid);
-        // The clock read once at its arrival, for its record and its process entry.
-        let arrived = record
-            .as_ref()
-            .map_or_else(std::time::Instant::now, RunRecord::arrived_at);
-        let registry = &self.shared.registry;
-        let slot = self.process_slot.get_or_init(|| registry.slot());
-        let guard = registry.register(&plan.user, workload, text, pid, arrived, Some(slot));
-        // Only a statement a rule placed can be placed again while it waits.
-        let placed_by_rule = classified.is_some();
-        guard.classified(classified);
-        if let Some(record) = record.as_mut() {
-            record.set_query_id(guard.query_id);
-        }
-        // Where it queues; a `MOVE QUERY` while it waits changes it.
-        let mut workload = workload.clone();
-        // `workload_admission_timeout_ms` bounds the whole wait (every resource together): the
-        // statement's, else the session's, else its user's; 0 (or nothing) is no limit.
-        let admission_deadline = match settings.admission_timeout {
-            Some(own) => Some(own),
-            None => plan.admission_timeout.clone()?,
-        }
-        .filter(|d| !d.is_zero())
-        .map(|limit| (tokio::time::Instant::now() + limit, limit));
-        let snapshot = self.shared.snapshot();
+    /// The statement of `under_way`, holding every slot and its memory: its worker threads
+    /// (as many as are free), its grant, its record's admission, its demotion timer, its stop.
+    fn admitted(&self, under_way: UnderWay, record: &mut Option<RunRecord>) -> Admitted {
+        let UnderWay {
+            plan,
+            snapshot,
+            guard,
+            workload,
+            mut attachments,
+            settings,
+            placed_by_rule,
+            memory,
+            ..
+        } = under_way;
         let cpu_scheduled = !settings.no_concurrency_control;
-        // Its query slot, then its memory reservation, then its master thread.
-        self.take_slot(
-            snapshot.query_slot(),
-            &guard,
-            &snapshot,
-            &mut workload,
-            &mut attachments,
-            admission_deadline,
-            notices,
-        )
-        .await?;
-        // (No memory resource, no reservation, no cap, most often: nothing to reserve, and
-        // the reservation's wait is not carried in this future.)
-        let memory = if snapshot.memory.is_empty()
-            && settings.reserve_memory == 0
-            && settings.max_memory_usage == 0
-        {
-            None
-        } else {
-            Box::pin(self.reserve_memory(
-                &guard,
-                &snapshot,
-                &workload,
-                &settings,
-                admission_deadline,
-                notices,
-            ))
-            .await?
-        };
-        // (No master-thread resource, most often in front of an upstream: no wait at all.)
-        self.take_slot(
-            snapshot.master().filter(|_| cpu_scheduled),
-            &guard,
-            &snapshot,
-            &mut workload,
-            &mut attachments,
-            admission_deadline,
-            notices,
-        )
-        .await?;
         // Worker threads: as many as are free now, up to max_threads - 1, never waited for
         // (reference §4.8); the statement's parallelism is the threads it holds.
         let threads = match snapshot.workers() {
@@ -1089,7 +1205,7 @@ impl Admission {
             let at = if guard.waited() {
                 std::time::Instant::now()
             } else {
-                arrived
+                record.arrived_at()
             };
             record.admitted(at, grant.clone(), classifier);
         }
@@ -1115,13 +1231,13 @@ impl Admission {
             .or(plan.max_execution_time)
             .or(lanes.max_execution_time);
         let stop = self.stop(limit, Some(grant.clone()), control);
-        Ok(Admitted {
+        Admitted {
             hold,
             grant,
             threads,
             memory,
             reserve_memory: settings.reserve_memory,
             stop,
-        })
+        }
     }
 }

@@ -473,3 +473,33 @@ async fn a_preempted_worker_slot_is_given_up_after_the_timeout() {
     assert_nothing_held(&admin).await;
     server.stop().await;
 }
+
+/// A statement that waited for its query slot goes on to take its master thread and its
+/// worker threads once the slot is its, as one that found the slot free does: admission's
+/// later steps follow a wait as they follow a slot taken at once.
+#[tokio::test]
+async fn a_statement_that_waited_for_its_query_slot_then_takes_its_threads() {
+    let (_dir, server, admin) = started_with(
+        "CREATE RESOURCE slots (QUERY);
+         CREATE RESOURCE cpu (MASTER THREAD, WORKER THREAD);
+         CREATE WORKLOAD all SETTINGS max_concurrent_queries = 1, max_concurrent_threads = 4;
+         CREATE WORKLOAD w IN all",
+        false,
+    )
+    .await;
+    let holder = spawn_query(&server, "SELECT pg_sleep(3) SETTINGS workload = 'w'").await;
+    until_running(&admin, 1).await;
+    let waiter = spawn_query(
+        &server,
+        "SELECT pg_sleep(2) SETTINGS workload = 'w', max_threads = 2",
+    )
+    .await;
+    until_waiting(&admin, 1).await;
+    assert_eq!(waiting_for(&admin).await, ["slots"]);
+    holder.await.expect("task").expect("the holder finishes");
+    until_running(&admin, 1).await;
+    // Its master thread and one worker.
+    until(&admin, HELD, "2").await;
+    waiter.await.expect("task").expect("the waiter finishes");
+    assert_nothing_held(&admin).await;
+}
