@@ -147,23 +147,13 @@ impl Ends {
     }
 }
 
-/// What one forwarded statement (or transaction) holds while it runs upstream.
+/// What one forwarded statement (or transaction) holds while it runs upstream (its record
+/// is the [`Forwarder`]'s, beside it: admission writes it in place).
 struct Running {
     admitted: Admitted,
-    /// Written last, once the statement let go of everything.
-    record: Option<RunRecord>,
     /// Set once the stop fired: the error the client gets instead of the upstream's cancel.
     stopped: Option<Error>,
     failed: bool,
-}
-
-impl Running {
-    /// Let go of what it holds (fields drop in order: the admission, then the record).
-    fn end(mut self) {
-        if let (Some(record), false) = (self.record.as_mut(), self.failed) {
-            record.finished();
-        }
-    }
 }
 
 /// Where a batch stands after an error.
@@ -206,6 +196,10 @@ pub struct Forwarder {
     /// Forwarded messages were sent since the last Sync (the Sync goes upstream too).
     in_batch: bool,
     running: Option<Running>,
+    /// The record of the statement running (or of the one being admitted), written when it
+    /// ends, after `running` let go of what it held (declared after it, so also dropped after
+    /// it when the client goes away mid-statement).
+    record: Option<RunRecord>,
     /// The status of the upstream's last ReadyForQuery.
     status: TransactionStatus,
     /// The last exchange's answer held an error.
@@ -262,6 +256,7 @@ impl Forwarder {
             failed: Failed::No,
             in_batch: false,
             running: None,
+            record: None,
             status: TransactionStatus::Idle,
             last_failed: false,
             hold_answers: false,
@@ -694,7 +689,6 @@ impl Forwarder {
         connection.as_ref().cancellable(&*socket);
         if let (Some(forwarded), None) = (admit_as, &self.running) {
             let user = connection.as_ref().user(&*socket);
-            let mut record = None;
             let admitted = connection
                 .as_ref()
                 .admit(
@@ -702,23 +696,22 @@ impl Forwarder {
                     &forwarded.query,
                     Some(&forwarded.memo),
                     &mut ClientNotices(socket),
-                    &mut record,
+                    &mut self.record,
                 )
                 .await;
             match admitted {
                 Ok(admitted) => {
                     self.running = Some(Running {
                         admitted,
-                        record,
                         stopped: None,
                         failed: false,
                     })
                 }
                 Err(e) => {
-                    if let Some(record) = record.as_mut() {
+                    if let Some(record) = self.record.as_mut() {
                         record.failed(&e);
                     }
-                    drop(record);
+                    self.record = None;
                     write_raw(socket, &error_bytes(&e)).await?;
                     return Ok(false);
                 }
@@ -805,13 +798,26 @@ impl Forwarder {
 
     /// The statement (or transaction) ended: what it held is let go.
     fn end_running(&mut self, error: Option<&Error>) {
-        if let Some(mut running) = self.running.take() {
-            if let (Some(e), Some(record)) = (error, running.record.as_mut()) {
+        if let Some(running) = self.running.as_mut() {
+            if let (Some(e), Some(record)) = (error, self.record.as_mut()) {
                 record.failed(e);
                 running.failed = true;
             }
-            running.end();
+            self.let_go();
         }
+    }
+
+    /// The running statement lets go of what it held, then its record is written (both in
+    /// place: neither is moved out first).
+    fn let_go(&mut self) {
+        if let (Some(record), Some(false)) = (
+            self.record.as_mut(),
+            self.running.as_ref().map(|r| r.failed),
+        ) {
+            record.finished();
+        }
+        self.running = None;
+        self.record = None;
     }
 
     /// sluice's own ReadyForQuery, with the upstream transaction's status.
@@ -832,9 +838,9 @@ impl Forwarder {
         let outside = self.status == TransactionStatus::Idle;
         if outside || self.upstream.options.admission == AdmissionMode::Statement {
             let failed = self.last_failed;
-            if let Some(mut running) = self.running.take() {
+            if let Some(running) = self.running.as_mut() {
                 running.failed |= failed;
-                running.end();
+                self.let_go();
             }
         }
         if outside && self.upstream.options.pool_mode == PoolMode::Transaction {

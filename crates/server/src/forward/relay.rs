@@ -85,8 +85,7 @@ impl Forwarder {
                     matches!(head, Answer::Relay(_))
                 } else {
                     if tag == b'C' {
-                        if let Some(record) = self.running.as_mut().and_then(|r| r.record.as_mut())
-                        {
+                        if let Some(record) = self.record.as_mut() {
                             record.add_rows(rows_counted(&message[5..]));
                         }
                     }
@@ -204,7 +203,7 @@ impl Forwarder {
                     // PostgreSQL's message, as going direct.
                     if let Some(running) = self.running.as_mut() {
                         running.failed = true;
-                        if let Some(record) = running.record.as_mut() {
+                        if let Some(record) = self.record.as_mut() {
                             record.failed_upstream(&sqlstate(&frame));
                         }
                     }
@@ -230,7 +229,7 @@ impl Forwarder {
                     self.last_failed = true;
                     if let Some(running) = self.running.as_mut() {
                         running.failed = true;
-                        if let Some(record) = running.record.as_mut() {
+                        if let Some(record) = self.record.as_mut() {
                             record.failed_upstream(&sqlstate(&frame));
                         }
                     }
