@@ -11,6 +11,9 @@
 # spends per transaction at saturation and the throughput it got (compare builds that way
 # only in interleaved runs: on a shared machine TPS moves with the neighbours).
 #
+# SPLIT=1 shows each cell as "total (user + system)" µs, the process's utime and stime apart
+# (tick-sampled by the kernel: the split is rough, the sum is the figure).
+#
 # SLUICE_BIN=path uses that binary instead of building one; SLUICE_BASELINE_BIN=path adds a
 # second sluice (an older build) to the table; RELAYS=1 adds the bare relays of
 # bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), session-like. Needs pgbench, pgbouncer and PostgreSQL's server
@@ -29,21 +32,22 @@ release_sluice
 
 start_pgbench_postgres "$pg_port" 200
 
-# CPU ticks (user + system) of a process.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# CPU ticks of a process: user, system.
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 
 # cpu_per_xact PID PORT PROTOCOL -> "µs_per_transaction transactions"
 cpu_per_xact() {
-  local pid=$1 port=$2 protocol=$3 before after out xacts opts="" throttle=()
+  local pid=$1 port=$2 protocol=$3 out xacts opts="" throttle=()
   [ "$rate" != max ] && throttle=(-R "$rate")
   [ "$port" -gt 6451 ] && opts='-c workload=bench'
   # A short warm-up: connections opened, statements prepared, caches filled.
   PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T 2 "${throttle[@]}" \
     -h 127.0.0.1 -p "$port" -U bench postgres >/dev/null 2>&1 || true
-  before=$(ticks "$pid")
+  local user0 sys0 user1 sys1
+  read -r user0 sys0 < <(ticks "$pid")
   out=$(PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T "$seconds" "${throttle[@]}" \
       -h 127.0.0.1 -p "$port" -U bench postgres 2>&1 || true)
-  after=$(ticks "$pid")
+  read -r user1 sys1 < <(ticks "$pid")
   xacts=$(echo "$out" | awk '/^number of transactions actually processed/ {print $6}' | cut -d/ -f1)
   if [ -z "$xacts" ] || [ "$xacts" = 0 ]; then
     echo "bench: pgbench against port $port ($protocol) failed:" >&2
@@ -52,8 +56,12 @@ cpu_per_xact() {
   fi
   local hz
   hz=$(getconf CLK_TCK)
-  awk -v t=$((after - before)) -v hz="$hz" -v n="$xacts" \
-    'BEGIN {printf "%.1f %d\n", t / hz * 1e6 / n, n}'
+  awk -v u=$((user1 - user0)) -v s=$((sys1 - sys0)) -v hz="$hz" -v n="$xacts" -v apart="${SPLIT:-}" \
+    'BEGIN {
+       total = sprintf("%.1f", (u + s) / hz * 1e6 / n)
+       if (apart != "") total = total "(" sprintf("%.0f+%.0f", u / hz * 1e6 / n, s / hz * 1e6 / n) ")"
+       printf "%s %d\n", total, n
+     }'
 }
 
 # cell µs TRANSACTIONS -> what a table cell shows
