@@ -114,7 +114,7 @@ impl Registry {
         let query_id = self.id_base.load(Ordering::Relaxed)
             + self.next_query_id.fetch_add(1, Ordering::Relaxed) % NODE_IDS;
         let control = Arc::new(Control::default());
-        let process = Process {
+        let process = || Process {
             query_id,
             user: user.clone(),
             workload: workload.clone(),
@@ -127,17 +127,17 @@ impl Registry {
             control: control.clone(),
             classified: None,
         };
-        // In the connection's slot when it is free, else in the shared map.
-        let mut process = Some(process);
+        // In the connection's slot when it is free (made there, not moved in), else in the
+        // shared map.
         let home = slot.and_then(|handle| {
             let mut entry = handle.slot.lock();
             entry.is_none().then(|| {
-                *entry = process.take();
+                *entry = Some(process());
                 handle.slot.clone()
             })
         });
-        if let Some(process) = process {
-            self.processes().insert(query_id, process);
+        if home.is_none() {
+            self.processes().insert(query_id, process());
         }
         // Registered as the registry closed, after `stop_all` stopped the others.
         if self.is_closed.load(Ordering::SeqCst) {
