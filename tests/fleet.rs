@@ -508,7 +508,7 @@ async fn connect(port: u16) -> tokio_postgres::Client {
 
 /// Runs `clients` clients spread over `ports` until `deadline`, each `SELECT pg_sleep(0.02)`
 /// in workload `all` in a loop; a client whose node goes away (or whose query is not answered
-/// within 2 s of the deadline) stops. The answers, and the errors.
+/// within [`GRACE`] of the deadline) stops. The answers, and the errors.
 async fn clients_until(
     ports: Vec<u16>,
     clients: usize,
@@ -517,14 +517,22 @@ async fn clients_until(
     let targets = (0..clients)
         .map(|i| (ports[i % ports.len()], "all"))
         .collect();
-    workload_clients_until(targets, deadline).await
+    workload_clients_until(targets, deadline, GRACE).await
 }
 
+/// How long after its deadline a client waits for the answer to the query it sent last before
+/// calling it unanswered. Generous: at the deadline up to 200 clients may be queued for 8 slots
+/// while the fleet moves its shares to the nodes still waiting, and on this shared machine a
+/// 20 ms query can take several times that; a query that is never answered still shows.
+const GRACE: Duration = Duration::from_secs(10);
+
 /// One client per (port, workload) of `targets`, each running `SELECT pg_sleep(0.02)` in its
-/// workload in a loop until `deadline` (see [`clients_until`]).
+/// workload in a loop until `deadline`, its last query given `grace` after it to be answered
+/// (see [`clients_until`]).
 async fn workload_clients_until(
     targets: Vec<(u16, &'static str)>,
     deadline: tokio::time::Instant,
+    grace: Duration,
 ) -> (u64, Vec<String>) {
     let mut tasks = Vec::new();
     for (port, workload) in targets {
@@ -543,7 +551,7 @@ async fn workload_clients_until(
             while tokio::time::Instant::now() < deadline {
                 let sql = format!("SELECT pg_sleep(0.02) SETTINGS workload = '{workload}'");
                 let query = client.simple_query(&sql);
-                match tokio::time::timeout_at(deadline + Duration::from_secs(2), query).await {
+                match tokio::time::timeout_at(deadline + grace, query).await {
                     Ok(Ok(_)) => answered += 1,
                     Ok(Err(e)) => return (answered, Some(e.to_string())),
                     Err(_) => return (answered, Some("no answer".to_string())),
@@ -758,7 +766,7 @@ fn weights_and_priorities_hold_across_nodes() {
     let mut targets = vec![(p1, "x"); 20];
     targets.extend(vec![(p2, "y"); 20]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let (_, failed) = runtime.block_on(workload_clients_until(targets, deadline));
+    let (_, failed) = runtime.block_on(workload_clients_until(targets, deadline, GRACE));
     assert!(failed.is_empty(), "{failed:?}");
     let lines = log_lines(dir.path(), &["n1", "n2", "n3"]);
     let (from, to) = (began + 3_000_000, began + 9_000_000);
@@ -779,17 +787,21 @@ fn weights_and_priorities_hold_across_nodes() {
     let mut targets = vec![(p1, "hi"); 20];
     targets.extend(vec![(p2, "lo"); 20]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    let (_, failed) = runtime.block_on(workload_clients_until(targets, deadline));
+    // lo's clients wait (2 s after the deadline is enough to tell).
+    let grace = Duration::from_secs(2);
+    let (_, failed) = runtime.block_on(workload_clients_until(targets, deadline, grace));
     // lo's clients wait, and a query still waiting at the end is not answered in time.
     assert!(failed.iter().all(|f| f == "no answer"), "{failed:?}");
     let lines = log_lines(dir.path(), &["n1", "n2", "n3"]);
     let (from, to) = (began + 2_000_000, began + 8_000_000);
+    // hi holds the limit (its 20 clients keep 8 slots busy however slowly this machine runs
+    // each query; how many it admits would measure the machine), and lo starts nothing.
     let (hi, lo) = (
-        admitted_in(&lines, "hi", from, to),
+        running_in(&lines, "hi", from, to),
         admitted_in(&lines, "lo", from, to),
     );
-    eprintln!("priority: hi {hi}, lo {lo}");
-    assert!(hi > 1000, "hi ran {hi}");
+    eprintln!("priority: hi held {hi:.2} slots on average, lo started {lo}");
+    assert!(hi >= 7.0, "hi held {hi:.2} of 8 slots on average");
     assert_eq!(lo, 0, "lo started while hi's demand exceeded the limit");
 }
 
@@ -913,7 +925,7 @@ fn etcd_losing_members_and_quorum_under_load() {
     let targets = (0..30).map(|i| (ports[i % 3], "w")).collect();
     // Long enough for the DDL refused without quorum (it retries for 10 s) and 10 s after.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    let work = runtime.spawn(workload_clients_until(targets, deadline));
+    let work = runtime.spawn(workload_clients_until(targets, deadline, GRACE));
     std::thread::sleep(Duration::from_secs(3));
     etcd.kill(0);
     std::thread::sleep(Duration::from_secs(3));
@@ -981,7 +993,7 @@ fn replacing_a_limit_under_load_keeps_queued_work_and_holds_the_new_limit() {
     let runtime = runtime();
     let targets = (0..30).map(|i| (ports[i % 3], "w")).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(9);
-    let work = runtime.spawn(workload_clients_until(targets, deadline));
+    let work = runtime.spawn(workload_clients_until(targets, deadline, GRACE));
     std::thread::sleep(Duration::from_secs(3));
     let lowered = micros_now();
     run(
