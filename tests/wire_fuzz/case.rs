@@ -12,6 +12,10 @@
 //! describe S|P NAME, execute PORTAL MAXROWS, close S|P NAME
 //! sync, flush, terminate, copydata TEXT, copydone, copyfail TEXT, password TEXT
 //! sslrequest, gssencrequest, cancel own|other   # CancelRequest on a second connection
+//! tls | tls cut | tls bent              # as a case's first steps: an SSLRequest and, if the
+//!                                       # server says 'S', a real TLS handshake (the rest of
+//!                                       # the case inside it), or its ClientHello cut short or
+//!                                       # bent (the rest sent raw); later, an SSLRequest
 //! raw HEX                               # bytes as they are (a mutated message)
 //! await                                 # wait (≤ 1 s) for the answers to what was sent
 //! sleep MS                              # pause
@@ -53,6 +57,9 @@ pub enum Step {
     CopyFail(Vec<u8>),
     SslRequest,
     GssEncRequest,
+    /// TLS asked for and, when the server accepts, negotiated (see [`TlsWay`]). Only a case's
+    /// leading steps negotiate: anywhere else this is a plain SSLRequest.
+    Tls(TlsWay),
     Cancel(CancelTarget),
     Raw(Vec<u8>),
     Await,
@@ -71,6 +78,17 @@ pub enum ScramSpoil {
     BadProof,
     /// The client-final message cut in half.
     Cut,
+}
+
+/// What the client does after the server accepts TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsWay {
+    /// A real handshake; the case's later steps are sent inside TLS.
+    Handshake,
+    /// The ClientHello cut short (then the later steps, raw).
+    Cut,
+    /// The ClientHello with bytes changed (then the later steps, raw).
+    Bent,
 }
 
 /// Whose statement a CancelRequest names.
@@ -229,7 +247,7 @@ impl Step {
                 cstr(&mut body, text);
                 frame(b'f', &body)
             }
-            Step::SslRequest => untagged(SSL_REQUEST, &[]),
+            Step::SslRequest | Step::Tls(_) => untagged(SSL_REQUEST, &[]),
             Step::GssEncRequest => untagged(GSSENC_REQUEST, &[]),
             Step::Raw(bytes) => bytes.clone(),
             Step::Scram(_) | Step::Cancel(_) | Step::Await | Step::Sleep(_) | Step::Crowd(..) => {
@@ -442,6 +460,12 @@ impl Case {
             "copydone" => Step::CopyDone,
             "copyfail" => Step::CopyFail(unescape(rest)?),
             "sslrequest" => Step::SslRequest,
+            "tls" => Step::Tls(match rest.trim() {
+                "" => TlsWay::Handshake,
+                "cut" => TlsWay::Cut,
+                "bent" => TlsWay::Bent,
+                other => return Err(format!("tls {other}?")),
+            }),
             "gssencrequest" => Step::GssEncRequest,
             "cancel" => Step::Cancel(match rest.trim() {
                 "own" => CancelTarget::Own,
@@ -483,6 +507,11 @@ impl Case {
                     ScramSpoil::BadProof => "scram bad-proof",
                     ScramSpoil::Cut => "scram cut",
                 }),
+                Step::Tls(way) => out.push_str(match way {
+                    TlsWay::Handshake => "tls",
+                    TlsWay::Cut => "tls cut",
+                    TlsWay::Bent => "tls bent",
+                }),
                 Step::Cancel(CancelTarget::Own) => out.push_str("cancel own"),
                 Step::Cancel(CancelTarget::Other) => out.push_str("cancel other"),
                 Step::Await => out.push_str("await"),
@@ -519,15 +548,16 @@ mod tests {
     #[test]
     fn a_case_reads_back_from_its_text() {
         let case = Case::parse(
-            "startup user=fuzz database=x\\sy\nscram\nquery SELECT\\s'a\\x00'\nparse s types=23 SELECT $1\n\
+            "tls cut\nstartup user=fuzz database=x\\sy\nscram\nquery SELECT\\s'a\\x00'\nparse s types=23 SELECT $1\n\
              bind - s formats=0 null - 7\nexecute - 5\nsync\nawait\nsleep 3\ncancel own\nend drop\n",
         )
         .expect("parses");
-        assert_eq!(case.steps.len(), 10);
+        assert_eq!(case.steps.len(), 11);
         assert_eq!(case.ending, Ending::Drop);
         let again = Case::parse(&case.text()).expect("reads back");
         let bytes = |c: &Case| c.steps.iter().map(Step::bytes).collect::<Vec<_>>();
         assert_eq!(bytes(&again), bytes(&case));
         assert_eq!(again.ending, case.ending);
+        assert_eq!(again.steps[0], Step::Tls(TlsWay::Cut));
     }
 }

@@ -1,10 +1,11 @@
 //! Running a case against the server: the steps written in order (in random pieces when the
 //! case is chunked), the server's answers read alongside, and what a real client does in the
 //! middle of a conversation — the SCRAM exchange answering the server's nonce, a
-//! CancelRequest on a second connection with the key the server gave — carried out. The
-//! client never trusts the server to answer: every wait is bounded, and a write the server
-//! does not take within a second ends the case (the server may stop reading a client that
-//! does not read its results).
+//! CancelRequest on a second connection with the key the server gave, a TLS handshake (or a
+//! spoiled one) when a case begins by asking for TLS — carried out. The client never trusts
+//! the server to answer: every wait is bounded, and a write the server does not take within a
+//! second ends the case (the server may stop reading a client that does not read its
+//! results).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,16 +17,20 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use ring::{digest, hmac, pbkdf2};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::rustls;
 
 use crate::case::{
-    frame, single_byte_requests, untagged, CancelTarget, Case, Ending, ScramSpoil, Step,
+    frame, single_byte_requests, untagged, CancelTarget, Case, Ending, ScramSpoil, Step, TlsWay,
     CANCEL_REQUEST,
 };
-use crate::mutate::Rng;
+use crate::mutate::{bend_bytes, Rng};
+
+/// A case's connection, each way: TCP's halves, or TLS's.
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 /// A password, a salt and a number of iterations.
 type SaltedFor = (String, Vec<u8>, u32);
@@ -40,6 +45,9 @@ pub struct Target {
     /// SCRAM's salted passwords, by password, salt and iterations: PBKDF2 runs once per salt,
     /// not once per case.
     salted: Mutex<HashMap<SaltedFor, [u8; 32]>>,
+    /// The client's TLS: any certificate is taken (the server is under test, not its
+    /// certificate).
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Target {
@@ -50,6 +58,7 @@ impl Target {
             database: database.into(),
             password: password.into(),
             salted: Mutex::default(),
+            tls: any_certificate(),
         }
     }
 
@@ -90,12 +99,21 @@ pub struct Seen {
     pub broken: Option<String>,
     /// The server answered 'S' to an SSLRequest: what follows is TLS, not read as messages.
     pub tls: bool,
+    /// The case ran inside TLS (a handshake completed).
+    pub encrypted: bool,
 }
 
-/// Reads the server's messages into `seen` until it closes. `single` counts SSL/GSS requests
-/// sent and not yet answered: their answer is one byte, not a message.
-async fn read(mut from: OwnedReadHalf, seen: watch::Sender<Seen>, single: Arc<AtomicUsize>) {
-    let mut buf: Vec<u8> = Vec::with_capacity(8192);
+/// Reads the server's messages into `seen` until it closes, beginning with the bytes of
+/// `read_already`. `single` counts SSL/GSS requests sent and not yet answered: their answer is
+/// one byte, not a message.
+async fn read(
+    mut from: Reader,
+    read_already: Vec<u8>,
+    seen: watch::Sender<Seen>,
+    single: Arc<AtomicUsize>,
+) {
+    // What was read already is the start of a message: it is parsed with what follows it.
+    let mut buf: Vec<u8> = read_already;
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut chunk).await {
@@ -197,7 +215,7 @@ async fn wait(
 
 /// Writes `bytes` (in random pieces when `chunked`); false when the server did not take them
 /// within a second or closed.
-async fn write(to: &mut OwnedWriteHalf, bytes: &[u8], chunked: bool, rng: &mut Rng) -> bool {
+async fn write(to: &mut Writer, bytes: &[u8], chunked: bool, rng: &mut Rng) -> bool {
     let mut rest = bytes;
     while !rest.is_empty() {
         // At most about eight pieces: a big message is not sent a byte at a time.
@@ -224,7 +242,7 @@ async fn write(to: &mut OwnedWriteHalf, bytes: &[u8], chunked: bool, rng: &mut R
 /// the server's AuthenticationSASL, sends client-first, reads server-first, sends the proof.
 /// False when the connection is done.
 async fn scram(
-    to: &mut OwnedWriteHalf,
+    to: &mut Writer,
     seen: &mut watch::Receiver<Seen>,
     target: &Target,
     spoil: ScramSpoil,
@@ -318,6 +336,126 @@ async fn cancel(addr: SocketAddr, key: (i32, i32)) {
     }
 }
 
+/// How a case's connection goes on after its leading `tls` steps.
+enum Opened {
+    /// Plain (no TLS asked for, or refused).
+    Plain,
+    /// Inside TLS.
+    Tls,
+    /// TLS accepted, its ClientHello spoiled: the rest is sent raw.
+    Spoiled,
+}
+
+/// What the server said to an SSLRequest.
+enum Asked {
+    /// 'S'; for a spoiled handshake, the spoiled ClientHello has been sent.
+    Accepted,
+    /// 'N'.
+    Refused,
+    /// Something else (its first byte), or nothing within the patience.
+    Answered(Option<u8>),
+}
+
+/// Sends an SSLRequest and reads the one-byte answer; if the server accepts and `way` spoils
+/// the handshake, sends a ClientHello cut short or bent.
+async fn ask_for_tls(
+    tcp: &mut TcpStream,
+    way: TlsWay,
+    config: &Arc<rustls::ClientConfig>,
+    rng: &mut Rng,
+    patience: Duration,
+) -> std::io::Result<Asked> {
+    let request = Step::Tls(way).bytes().expect("an SSLRequest");
+    if tcp.write_all(&request).await.is_err() {
+        return Ok(Asked::Answered(None));
+    }
+    let mut answer = [0u8; 1];
+    match tokio::time::timeout(patience * 4, tcp.read(&mut answer)).await {
+        Ok(Ok(1)) if answer[0] == b'N' => return Ok(Asked::Refused),
+        Ok(Ok(1)) if answer[0] == b'S' => {}
+        Ok(Ok(1)) => return Ok(Asked::Answered(Some(answer[0]))),
+        _ => return Ok(Asked::Answered(None)),
+    }
+    if way == TlsWay::Handshake {
+        return Ok(Asked::Accepted);
+    }
+    // A real client's first flight, spoiled.
+    let mut client = rustls::ClientConnection::new(
+        config.clone(),
+        rustls::pki_types::ServerName::try_from("localhost").expect("a name"),
+    )
+    .map_err(std::io::Error::other)?;
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello)?;
+    match way {
+        TlsWay::Cut => hello.truncate(rng.below(hello.len())),
+        _ => bend_bytes(&mut hello, rng),
+    }
+    let _ = tcp.write_all(&hello).await;
+    Ok(Asked::Accepted)
+}
+
+/// A TLS client that takes any certificate the server shows (the signatures in the handshake
+/// still checked).
+fn any_certificate() -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// Runs `case` on a new connection; what the server sent. Each wait for answers lasts at most
 /// `patience`.
 pub async fn run(
@@ -386,14 +524,61 @@ async fn converse(
     patience: Duration,
     crowd: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Seen> {
-    let stream = TcpStream::connect(target.addr).await?;
-    stream.set_nodelay(true)?;
-    let (from, mut to) = stream.into_split();
-    let (tx, mut seen) = watch::channel(Seen::default());
+    let mut tcp = TcpStream::connect(target.addr).await?;
+    tcp.set_nodelay(true)?;
+    // The leading `tls` steps, before anything reads the answers as messages.
+    let leading = case
+        .steps
+        .iter()
+        .take_while(|s| matches!(s, Step::Tls(_)))
+        .count();
+    let mut opened = Opened::Plain;
+    let mut read_already = Vec::new();
+    for step in &case.steps[..leading] {
+        let Step::Tls(way) = step else { break };
+        match ask_for_tls(&mut tcp, *way, &target.tls, rng, patience).await? {
+            Asked::Refused => continue,
+            Asked::Answered(byte) => {
+                // Not an answer to the request (an error message's first byte, say): read
+                // with what follows.
+                read_already = byte.into_iter().collect();
+                break;
+            }
+            Asked::Accepted => {}
+        }
+        opened = match way {
+            TlsWay::Handshake => Opened::Tls,
+            TlsWay::Cut | TlsWay::Bent => Opened::Spoiled,
+        };
+        break;
+    }
+    let (tx, mut seen) = watch::channel(Seen {
+        // After a spoiled handshake the server's bytes are TLS alerts, not messages.
+        tls: matches!(opened, Opened::Spoiled),
+        encrypted: matches!(opened, Opened::Tls),
+        ..Seen::default()
+    });
+    let (from, mut to): (Reader, Writer) = match opened {
+        Opened::Tls => {
+            let name = rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+            let connect = tokio_rustls::TlsConnector::from(target.tls.clone()).connect(name, tcp);
+            // The server under test must complete a real client's handshake.
+            let tls = tokio::time::timeout(Duration::from_secs(10), connect)
+                .await
+                .map_err(|_| std::io::Error::other("the TLS handshake took over 10 s"))?
+                .map_err(|e| std::io::Error::other(format!("the TLS handshake failed: {e}")))?;
+            let (from, to) = tokio::io::split(tls);
+            (Box::new(from), Box::new(to))
+        }
+        Opened::Plain | Opened::Spoiled => {
+            let (from, to) = tcp.into_split();
+            (Box::new(from), Box::new(to))
+        }
+    };
     let single = Arc::new(AtomicUsize::new(0));
-    let reader = tokio::spawn(read(from, tx, single.clone()));
+    let reader = tokio::spawn(read(from, read_already, tx, single.clone()));
     let mut ready_expected = 0;
-    for step in &case.steps {
+    for step in &case.steps[leading..] {
         if seen.borrow().closed {
             break;
         }

@@ -2,7 +2,10 @@
 //! the embedded engine, and in front of a real PostgreSQL. Each case is a seed from
 //! `seeds/` changed at random (`mutate.rs`): frontend message sequences — startup, the SCRAM
 //! exchange, Query, Parse/Bind/Describe/Execute/Sync, CopyData, CancelRequest — with messages
-//! bent, lied about, cut or repeated and the connection ended at any point. After every case:
+//! bent, lied about, cut or repeated and the connection ended at any point. The upstream
+//! mode's server offers TLS: cases that begin by asking for it run inside it, or send a
+//! ClientHello cut short or bent (the embedded server refuses TLS, so the same cases go on
+//! in the clear there). After every case:
 //!
 //! - the server process is alive and has reported no panic (no crash, not even one that
 //!   ends only its connection's task);
@@ -88,13 +91,15 @@ fn sluice(args: &[&str], stdin: &str) -> String {
 }
 
 /// The server's config: the fuzzing user (a workload of its own, statements stopped after
-/// 5 s) and an admin who watches.
+/// 5 s) and an admin who watches; with `tls`, a certificate of its own (made here), so that
+/// an SSLRequest is accepted.
 fn config(
     dir: &Path,
     port: u16,
     fuzz_scram: &str,
     admin_scram: &str,
     upstream: Option<&str>,
+    tls: bool,
 ) -> PathBuf {
     let mut text = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
@@ -103,6 +108,25 @@ fn config(
     );
     if let Some(url) = upstream {
         text.push_str(&format!("\n[upstream]\nurl = \"{url}\"\n"));
+    }
+    if tls {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let openssl = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args(["-subj", "/CN=localhost", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl makes a test certificate");
+        assert!(openssl.status.success(), "{openssl:?}");
+        text.push_str(&format!(
+            "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            key.display()
+        ));
     }
     let path = dir.join("sluice.toml");
     std::fs::write(&path, text).expect("writes the config");
@@ -211,7 +235,7 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
     let mut warm_rss = None;
     let mut peak_rss: f64 = 0.0;
     let mut cases = 0u64;
-    let (mut closed_by_server, mut errors) = (0u64, 0u64);
+    let (mut closed_by_server, mut errors, mut encrypted) = (0u64, 0u64, 0u64);
     while cases == 0 || began.elapsed() < Duration::from_secs(secs) {
         let mut rng = Rng::new(seed ^ cases.wrapping_mul(0x2545_f491_4f6c_dd1d));
         let case = if replay.is_some() {
@@ -228,6 +252,7 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
         let mut failure = match &outcome {
             Ok(seen) => {
                 closed_by_server += u64::from(seen.closed);
+                encrypted += u64::from(seen.encrypted);
                 errors += seen.errors.len() as u64;
                 seen.broken
                     .as_ref()
@@ -310,7 +335,7 @@ async fn fuzz(mode: &str, server: &mut common::Server, port: u16) {
         end_rss = common::status_mb(pid, "VmRSS:");
     }
     eprintln!(
-        "[{mode}] {cases} cases in {:.0} s ({:.0}/s): 0 crashes, 0 hangs, 0 left in flight; {closed_by_server} connections closed by the server, {errors} errors answered; RSS after {WARM_CASES} cases {:.0} MB, peak {peak_rss:.0} MB, at the end {end_rss:.0} MB ({:.1} s after the last case)",
+        "[{mode}] {cases} cases in {:.0} s ({:.0}/s): 0 crashes, 0 hangs, 0 left in flight; {encrypted} inside TLS, {closed_by_server} connections closed by the server, {errors} errors answered; RSS after {WARM_CASES} cases {:.0} MB, peak {peak_rss:.0} MB, at the end {end_rss:.0} MB ({:.1} s after the last case)",
         began.elapsed().as_secs_f64(),
         cases as f64 / began.elapsed().as_secs_f64(),
         warm_rss.unwrap_or(0.0),
@@ -330,7 +355,8 @@ async fn embedded_server_survives_wire_fuzzing() {
     let port = common::free_port();
     let fuzz_scram = sluice(&["passwd"], FUZZ_PASSWORD);
     let admin_scram = sluice(&["passwd"], ADMIN_PASSWORD);
-    let config = config(dir.path(), port, &fuzz_scram, &admin_scram, None);
+    // Without TLS: an SSLRequest is refused ('N') and the case goes on in the clear.
+    let config = config(dir.path(), port, &fuzz_scram, &admin_scram, None, false);
     let mut server = common::start(dir.path(), &["--config", config.to_str().expect("utf-8")]);
     fuzz("embedded", &mut server, port).await;
 }
@@ -374,6 +400,10 @@ async fn upstream_server_survives_wire_fuzzing() {
         &verifier("fuzz"),
         &verifier("admin"),
         Some(&url),
+        // With TLS: an SSLRequest is accepted, and a case that asks for TLS first runs inside
+        // it (or spoils the handshake); one that sends its startup after an accepted
+        // SSLRequest gives the TLS layer garbage.
+        true,
     );
     let mut server = common::start(dir.path(), &["--config", config.to_str().expect("utf-8")]);
     fuzz("upstream", &mut server, port).await;

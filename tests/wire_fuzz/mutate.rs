@@ -3,7 +3,7 @@
 //! bytes flipped, its length field lied about, cut short or padded; the connection cut after
 //! any step.
 
-use crate::case::{CancelTarget, Case, Ending, ScramSpoil, Step};
+use crate::case::{CancelTarget, Case, Ending, ScramSpoil, Step, TlsWay};
 
 /// A small deterministic generator (SplitMix64): a case is reproduced from the run's seed and
 /// its number.
@@ -162,7 +162,13 @@ fn made_up(rng: &mut Rng) -> Step {
         10 => rng
             .pick(&[Step::CopyDone, Step::CopyFail(b"no".to_vec())])
             .clone(),
-        11 => rng.pick(&[Step::SslRequest, Step::GssEncRequest]).clone(),
+        11 => rng
+            .pick(&[
+                Step::SslRequest,
+                Step::GssEncRequest,
+                Step::Tls(TlsWay::Handshake),
+            ])
+            .clone(),
         12 => Step::Cancel(*rng.pick(&[CancelTarget::Own, CancelTarget::Other])),
         13 => Step::Password(sql(rng)),
         14 if rng.one_in(2) => Step::Sleep(rng.below(60) as u64),
@@ -223,7 +229,7 @@ fn bend_sql(sql: &mut Vec<u8>, rng: &mut Rng) {
 
 /// Bends a message's bytes: a byte flipped, the length field set to a lie, cut short, padded,
 /// or sent twice.
-fn bend_bytes(bytes: &mut Vec<u8>, rng: &mut Rng) {
+pub fn bend_bytes(bytes: &mut Vec<u8>, rng: &mut Rng) {
     if bytes.is_empty() {
         bytes.push(rng.next() as u8);
         return;
@@ -295,6 +301,7 @@ pub fn case(corpus: &[Case], rng: &mut Rng) -> Case {
                 Some(Step::Scram(spoil)) => {
                     *spoil = *rng.pick(&[ScramSpoil::BadProof, ScramSpoil::Cut])
                 }
+                Some(Step::Tls(way)) => *way = *rng.pick(&[TlsWay::Cut, TlsWay::Bent]),
                 Some(Step::Startup(params)) => match rng.below(3) {
                     0 if !params.is_empty() => {
                         params.remove(rng.below(params.len()));
@@ -337,5 +344,10 @@ pub fn case(corpus: &[Case], rng: &mut Rng) -> Case {
     }
     case.ending = *rng.pick(&[Ending::Drop, Ending::Read, Ending::Read, Ending::HalfClose]);
     case.chunked = rng.one_in(5);
+    // One case in four asks for TLS first: where the server offers it, the whole
+    // conversation runs inside TLS (a server without it refuses and the case goes on).
+    if rng.one_in(4) && !matches!(case.steps.first(), Some(Step::Tls(_))) {
+        case.steps.insert(0, Step::Tls(TlsWay::Handshake));
+    }
     case
 }
