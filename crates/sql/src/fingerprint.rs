@@ -8,6 +8,11 @@
 //! `(...)` rows (`VALUES (…), (…)`) become one. The fingerprint's id is a 64-bit FNV-1a hash of
 //! that text, written as 16 hex digits: stable across runs, versions and machines, so a data
 //! dir's learned lanes keep their meaning.
+//!
+//! Only a statement's first [`FINGERPRINT_MAX_BYTES`] are read: a fingerprint is made on the
+//! connection's thread before the statement is admitted, and a multi-megabyte text (a hostile
+//! client's, or a generated `IN` list) would hold that thread — and every client on it — for
+//! seconds. Statements that agree in their first 256 KiB share a fingerprint.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -59,6 +64,16 @@ impl Tokens for Collect {
     }
 }
 
+/// The part of `text` a fingerprint reads: its first [`FINGERPRINT_MAX_BYTES`], cut at a
+/// character.
+fn read_part(text: &str) -> &str {
+    let mut end = text.len().min(FINGERPRINT_MAX_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Words after which a `-` or `+` starts a value rather than subtracting from one.
 const STARTS_EXPRESSION: &[&str] = &[
     "select",
@@ -90,8 +105,14 @@ const KEYWORDS_BEFORE_PARENTHESES: &[&str] = &[
     "from", "join", "exists", "any", "all", "using", "over", "with",
 ];
 
-/// The fingerprint of `text` (a statement without its `SETTINGS` tail).
+/// How much of a statement's text its fingerprint reads ([`crate::lexer::FINGERPRINTED_BYTES`]:
+/// the lexer keeps literal spans that far).
+pub const FINGERPRINT_MAX_BYTES: usize = crate::lexer::FINGERPRINTED_BYTES;
+
+/// The fingerprint of `text` (a statement without its `SETTINGS` tail), from its first
+/// [`FINGERPRINT_MAX_BYTES`] (cut at a character).
 pub fn fingerprint(text: &str) -> Fingerprint {
+    let text = read_part(text);
     let mut collect = Collect::default();
     lex(text, &mut collect);
     let tags = crate::tags::tags_of_comments(text, &collect.comments);
@@ -212,8 +233,12 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// ranges in `text` as [`crate::Query::literals`] gives them) cut out and marked. Texts with
 /// one key have one fingerprint, since the fingerprint turns every literal into `?` whatever
 /// it holds; so a report that runs with new values each time is fingerprinted once. Spans that
-/// do not fall on character boundaries in order give the whole text as its key.
+/// do not fall on character boundaries in order give the whole text as its key. Only the part
+/// the fingerprint reads is keyed (a literal cut by its end stays as written).
 pub fn fingerprint_key<'a>(text: &'a str, literals: &[Range<usize>]) -> Cow<'a, str> {
+    let text = read_part(text);
+    let whole = literals.partition_point(|span| span.end <= text.len());
+    let literals = &literals[..whole];
     if literals.is_empty() {
         return Cow::Borrowed(text);
     }
@@ -378,5 +403,33 @@ mod tests {
             fingerprint("SELECT 1").id,
             format!("{:016x}", fnv1a(b"select ?"))
         );
+    }
+
+    #[test]
+    fn only_the_first_256_kib_are_read() {
+        // A list of values long past the bound, with a different end: one fingerprint, made
+        // from the start (the list, cut before its end, stays as far as it was read).
+        let long = |tail: &str| {
+            format!(
+                "SELECT x FROM t WHERE k IN ({}1) {tail}",
+                "1,".repeat(400_000)
+            )
+        };
+        let (a, b) = (fingerprint(&long("AND y = 1")), fingerprint(&long("OR z")));
+        assert_eq!(a, b);
+        assert!(a.text.len() < 2 * FINGERPRINT_MAX_BYTES, "{}", a.text.len());
+        assert!(
+            a.text.starts_with("select x from t where k in ("),
+            "{}",
+            &a.text[..60]
+        );
+        // Shorter than the bound: read whole.
+        assert_ne!(
+            fingerprint("SELECT 1 AND y = 1").id,
+            fingerprint("SELECT 1 OR z").id
+        );
+        // Cut at a character, never inside one.
+        let wide = format!("SELECT '{}'", "é".repeat(FINGERPRINT_MAX_BYTES));
+        assert_eq!(fingerprint(&wide).text, "select ?");
     }
 }

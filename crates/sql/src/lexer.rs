@@ -25,13 +25,19 @@ pub struct Lexed {
     pub span: Range<usize>,
     /// The first few words and symbols outside comments, for routing: their spans in the text.
     pub head: Vec<Range<usize>>,
-    /// Literal spans, absolute in the text.
+    /// Literal spans, absolute in the text: those ending within the statement's first
+    /// [`FINGERPRINTED_BYTES`].
     pub literals: Vec<Range<usize>>,
     pub nesting: usize,
 }
 
 /// Words kept per statement for routing (`CREATE OR REPLACE WORKLOAD`, `SHOW CREATE WORKLOAD x`).
 const HEAD_WORDS: usize = 12;
+
+/// How much of a statement its fingerprint reads ([`crate::fingerprint`]): literal spans
+/// ([`Lexed::literals`]) are kept that far. ClickHouse's default `max_query_size`, the most of a
+/// statement ClickHouse reads at all.
+pub const FINGERPRINTED_BYTES: usize = 256 * 1024;
 
 /// Splits `text` at top-level `;` (see the module docs for the quoting rules). Statements with
 /// nothing but whitespace and comments are left out. An unterminated quote or comment runs to
@@ -361,7 +367,12 @@ impl Builder {
 
     fn literal(&mut self, start: usize, end: usize) {
         self.token(start, end);
-        self.literals.push(start..end);
+        // Only fingerprints read them, and only so far into the statement: a multi-megabyte
+        // list of values keeps no span for each.
+        let statement_start = self.lead.or(self.start).unwrap_or(start);
+        if end - statement_start <= FINGERPRINTED_BYTES {
+            self.literals.push(start..end);
+        }
     }
 
     fn word(&mut self, text: &str, start: usize, end: usize) {

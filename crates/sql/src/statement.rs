@@ -108,7 +108,8 @@ pub struct Query {
     /// The `SETTINGS name = value, …` tail, in written order.
     pub settings: Vec<(String, Literal)>,
     pub kind: StatementKind,
-    /// Byte spans in `text` of each string and number literal (for fingerprints).
+    /// Byte spans in `text` of each string and number literal (for fingerprints: those in the
+    /// part a fingerprint reads).
     pub literals: Vec<Range<usize>>,
     /// An upper bound of the depth of the statement's expression tree (see the module docs).
     pub nesting: usize,
