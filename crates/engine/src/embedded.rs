@@ -502,8 +502,14 @@ fn answer(plan: &LogicalPlan, sql: &str) -> Answer {
     }
 }
 
-/// The types of a plan's placeholders `$1`, `$2`, … in order (`None`: not inferable).
+/// The types of a plan's placeholders `$1`, `$2`, … in order (`None`: not inferable). A
+/// `PREPARE`'s placeholders are its statement's, bound by a later `EXECUTE`: the `PREPARE`
+/// itself takes none, as in PostgreSQL.
 fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
+    use datafusion::logical_expr::Statement;
+    if matches!(plan, LogicalPlan::Statement(Statement::Prepare(_))) {
+        return Ok(Vec::new());
+    }
     let mut by_index: Vec<(usize, Option<DataType>)> = plan
         .get_parameter_types()
         .map_err(df)?
@@ -733,6 +739,7 @@ impl SessionInner {
                     } else {
                         bind(plan, params)?
                     };
+                    let plan = self.prepared_in_place(plan).await?;
                     let schema = postgres_names(plan.schema().as_arrow(), names.clone());
                     (plan, names, schema)
                 }
@@ -842,6 +849,22 @@ impl SessionInner {
         }
     }
 
+    /// `EXECUTE name(…)` (SQL's, not the protocol's): the statement prepared as `name`, its
+    /// values bound, in its place — so that it runs, is described and answers as that statement
+    /// does (its rows and `SELECT n`, a write's count), as PostgreSQL's EXECUTE does. Left to
+    /// DataFusion's own handling, it ran and answered an empty "EXECUTE", its rows dropped.
+    /// Any other plan is returned as it is.
+    async fn prepared_in_place(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        use datafusion::logical_expr::Statement;
+        if !matches!(plan, LogicalPlan::Statement(Statement::Execute(_))) {
+            return Ok(plan);
+        }
+        // DataFusion binds the values into the prepared plan (casting them to the types
+        // PREPARE declared) and runs nothing until the frame is collected.
+        let frame = self.ctx.execute_logical_plan(plan).await.map_err(df)?;
+        Ok(frame.into_unoptimized_plan())
+    }
+
     /// The result columns of a statement, planned but not run (DDL is not executed); `None`
     /// for a statement that returns no rows.
     async fn describe(&self, sql: &str) -> Result<Option<SchemaRef>> {
@@ -850,6 +873,7 @@ impl SessionInner {
             return Ok(columns);
         }
         let Planned { plan, names, .. } = plan(&planning.state, sql, TableArguments::Typed).await?;
+        let plan = self.prepared_in_place(plan).await?;
         if !matches!(answer(&plan, sql), Answer::Rows) {
             return Ok(None);
         }

@@ -42,6 +42,18 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
             ArrowError::ArithmeticOverflow(_) => (ErrorCode::BadArguments, Some("22003")),
             _ => (ErrorCode::InternalError, None),
         },
+        // EXECUTE or DEALLOCATE of a name never prepared (or deallocated):
+        // invalid_sql_statement_name, which drivers act on.
+        DataFusionError::Execution(m)
+            if m.starts_with("Prepared statement '") && m.ends_with("' does not exist") =>
+        {
+            let name = &m["Prepared statement '".len()..m.len() - "' does not exist".len()];
+            return Error::new(
+                ErrorCode::BadArguments,
+                format!("prepared statement \"{name}\" does not exist"),
+            )
+            .with_sqlstate("26000");
+        }
         // A statement's own runtime failure (a bad argument to a function, say): the user's.
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
