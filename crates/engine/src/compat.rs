@@ -604,13 +604,23 @@ fn set_returning_series(query: &mut datafusion::sql::sqlparser::ast::Query) {
 pub(crate) fn column_names(
     statement: &datafusion::sql::parser::Statement,
 ) -> Option<Vec<Option<String>>> {
-    use datafusion::sql::sqlparser::ast::{SelectItem, SetExpr, Statement};
-    let name = postgres_name;
     let datafusion::sql::parser::Statement::Statement(statement) = statement else {
         return None;
     };
-    let Statement::Query(query) = statement.as_ref() else {
-        return None;
+    select_names(statement)
+}
+
+/// [`column_names`] of a parsed statement; a `PREPARE`'s are its statement's (kept for its
+/// `EXECUTE`s).
+fn select_names(
+    statement: &datafusion::sql::sqlparser::ast::Statement,
+) -> Option<Vec<Option<String>>> {
+    use datafusion::sql::sqlparser::ast::{SelectItem, SetExpr, Statement};
+    let name = postgres_name;
+    let query = match statement {
+        Statement::Query(query) => query,
+        Statement::Prepare { statement, .. } => return select_names(statement),
+        _ => return None,
     };
     let SetExpr::Select(select) = query.body.as_ref() else {
         return None;

@@ -19,7 +19,7 @@ use datafusion::common::ScalarValue;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{LogicalPlan, Statement};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{DataFrame, SessionConfig};
 use futures::{Stream, StreamExt};
@@ -157,6 +157,7 @@ impl Embedded {
                 generation: self.generation.clone(),
                 planning: tokio::sync::Mutex::new(Planning::of(&state)),
                 ctx: SessionContext::new_with_state(state),
+                prepared_columns: std::sync::Mutex::default(),
             }),
             runtime: self.runtime.clone(),
         }
@@ -228,7 +229,13 @@ pub(crate) struct SessionInner {
     /// A connection runs one statement at a time, so the lock is never contended.
     pub(crate) planning: tokio::sync::Mutex<Planning>,
     generation: Arc<AtomicU64>,
+    /// The Postgres column names of each statement SQL's PREPARE made, by name: its EXECUTE
+    /// is planned from DataFusion's prepared plan, which keeps DataFusion's names.
+    prepared_columns: std::sync::Mutex<std::collections::HashMap<String, Names>>,
 }
+
+/// The Postgres names of a result's columns (see [`crate::compat::column_names`]).
+type Names = Option<Vec<Option<String>>>;
 
 /// A task on the engine runtime, aborted when this is dropped.
 struct EngineTask(Option<JoinHandle<()>>);
@@ -506,7 +513,6 @@ fn answer(plan: &LogicalPlan, sql: &str) -> Answer {
 /// `PREPARE`'s placeholders are its statement's, bound by a later `EXECUTE`: the `PREPARE`
 /// itself takes none, as in PostgreSQL.
 fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
-    use datafusion::logical_expr::Statement;
     if matches!(plan, LogicalPlan::Statement(Statement::Prepare(_))) {
         return Ok(Vec::new());
     }
@@ -672,7 +678,7 @@ impl SessionInner {
     ) -> Result<Started> {
         let generation = self.generation.load(Ordering::SeqCst);
         // Planned under the session's lock; run after it is released.
-        let (schema, next) = {
+        let (schema, next, prepares) = {
             let mut planning = self.planning.lock().await;
             // A statement's own max_threads or IO gate: a one-off planning state, the
             // session's untouched.
@@ -726,6 +732,7 @@ impl SessionInner {
             };
             active.state.mark_start_execution();
             let mut to_remember = None;
+            let mut prepares = None;
             let (plan, names, schema) = match cached {
                 Some((plan, columns)) => (plan, None, columns),
                 None => {
@@ -739,7 +746,11 @@ impl SessionInner {
                     } else {
                         bind(plan, params)?
                     };
-                    let plan = self.prepared_in_place(plan).await?;
+                    // A PREPARE's column names, kept for its EXECUTEs once it is applied.
+                    if let LogicalPlan::Statement(Statement::Prepare(p)) = &plan {
+                        prepares = Some((p.name.clone(), names.clone()));
+                    }
+                    let (plan, names) = self.prepared_in_place(plan, names).await?;
                     let schema = postgres_names(plan.schema().as_arrow(), names.clone());
                     (plan, names, schema)
                 }
@@ -799,7 +810,7 @@ impl SessionInner {
             if let Some((optimized, names)) = to_remember {
                 planning.remember(sql, generation, optimized, names);
             }
-            (schema, next)
+            (schema, next, prepares)
         };
         match next {
             Next::Run(physical, task) => {
@@ -835,6 +846,12 @@ impl SessionInner {
                 // SET and DDL may have changed the session: plan with what it is now.
                 *self.planning.lock().await = Planning::of(&self.ctx.state());
                 let batches = batches.map_err(df)?;
+                if let Some((name, names)) = prepares {
+                    self.prepared_columns
+                        .lock()
+                        .expect("prepared columns")
+                        .insert(name, names);
+                }
                 Ok(Started::Done(match answer {
                     Answer::Tag(tag, counted) => QueryOutput::Command {
                         rows: counted.then(|| count(&batches)),
@@ -854,15 +871,27 @@ impl SessionInner {
     /// does (its rows and `SELECT n`, a write's count), as PostgreSQL's EXECUTE does. Left to
     /// DataFusion's own handling, it ran and answered an empty "EXECUTE", its rows dropped.
     /// Any other plan is returned as it is.
-    async fn prepared_in_place(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
-        use datafusion::logical_expr::Statement;
-        if !matches!(plan, LogicalPlan::Statement(Statement::Execute(_))) {
-            return Ok(plan);
-        }
+    /// `names` are the Postgres names of the plan's columns; an EXECUTE's are those of the
+    /// statement PREPARE was given (`?column?`, `count`, not DataFusion's).
+    async fn prepared_in_place(
+        &self,
+        plan: LogicalPlan,
+        names: Names,
+    ) -> Result<(LogicalPlan, Names)> {
+        let LogicalPlan::Statement(Statement::Execute(execute)) = &plan else {
+            return Ok((plan, names));
+        };
+        let names = self
+            .prepared_columns
+            .lock()
+            .expect("prepared columns")
+            .get(&execute.name)
+            .cloned()
+            .flatten();
         // DataFusion binds the values into the prepared plan (casting them to the types
         // PREPARE declared) and runs nothing until the frame is collected.
         let frame = self.ctx.execute_logical_plan(plan).await.map_err(df)?;
-        Ok(frame.into_unoptimized_plan())
+        Ok((frame.into_unoptimized_plan(), names))
     }
 
     /// The result columns of a statement, planned but not run (DDL is not executed); `None`
@@ -873,7 +902,7 @@ impl SessionInner {
             return Ok(columns);
         }
         let Planned { plan, names, .. } = plan(&planning.state, sql, TableArguments::Typed).await?;
-        let plan = self.prepared_in_place(plan).await?;
+        let (plan, names) = self.prepared_in_place(plan, names).await?;
         if !matches!(answer(&plan, sql), Answer::Rows) {
             return Ok(None);
         }

@@ -784,3 +784,39 @@ async fn the_embedded_engine_takes_the_clients_time_zone() {
         "{warned}"
     );
 }
+
+/// SQL's PREPARE and EXECUTE: an executed statement's columns carry the names PostgreSQL gives
+/// the statement prepared (`?column?`, `count`, an alias), described alike over the extended
+/// protocol, and its rows come back (slt/prepared.slt has the rest).
+#[tokio::test]
+async fn an_executed_statement_names_its_columns_as_postgres() {
+    use tokio_postgres::SimpleQueryMessage;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(dir.path(), false).await;
+    let client = server.client().await;
+    client
+        .batch_execute("PREPARE q(int) AS SELECT $1 + 1, count(*), upper('a') AS shout")
+        .await
+        .expect("prepare");
+    // Simple protocol.
+    let messages = client.simple_query("EXECUTE q(41)").await.expect("execute");
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .expect("a row");
+    let names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["?column?", "count", "shout"]);
+    assert_eq!(row.get(0), Some("42"));
+    assert!(messages
+        .iter()
+        .any(|m| matches!(m, SimpleQueryMessage::CommandComplete(1))));
+    // Extended protocol: described, then run.
+    let statement = client.prepare("EXECUTE q(1)").await.expect("describe");
+    let names: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["?column?", "count", "shout"]);
+    let rows = client.query(&statement, &[]).await.expect("execute");
+    assert_eq!(rows[0].get::<_, i64>(0), 2);
+}
