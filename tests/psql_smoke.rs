@@ -78,18 +78,7 @@ fn sluice_passwd(password: &str) -> String {
 #[test]
 fn psql_over_tls_with_scram_users() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let openssl = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl makes a test certificate");
-    assert!(openssl.status.success(), "{openssl:?}");
+    let (cert, key) = common::test_certificate(dir.path());
     let admin = sluice_passwd("s3cret pass");
     assert!(admin.starts_with("SCRAM-SHA-256$4096:"), "{admin}");
     assert!(!admin.contains("s3cret"));

@@ -25,6 +25,24 @@ impl Drop for Server {
     }
 }
 
+/// A self-signed certificate for `localhost` and its key, made by openssl in `dir` (valid a
+/// day): `(cert.pem, key.pem)`, for a server's `[tls]`.
+pub fn test_certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let openssl = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl makes a test certificate");
+    assert!(openssl.status.success(), "{openssl:?}");
+    (cert, key)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

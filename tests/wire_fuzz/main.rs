@@ -110,18 +110,7 @@ fn config(
         text.push_str(&format!("\n[upstream]\nurl = \"{url}\"\n"));
     }
     if tls {
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-        let openssl = Command::new("openssl")
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            ])
-            .args(["-subj", "/CN=localhost", "-keyout"])
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .expect("openssl makes a test certificate");
-        assert!(openssl.status.success(), "{openssl:?}");
+        let (cert, key) = common::test_certificate(dir);
         text.push_str(&format!(
             "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
             cert.display(),

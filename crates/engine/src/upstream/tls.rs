@@ -183,11 +183,29 @@ fn client_config(url: &UpstreamUrl) -> Result<rustls::ClientConfig> {
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
-        _ => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
-            .with_no_client_auth(),
+        _ => unchecked(builder, provider),
     })
+}
+
+/// libpq's `sslmode=require`: a TLS client that encrypts without checking who holds the
+/// server's certificate (see [`Unchecked`]). Also what a test client that must reach a
+/// server with a made-up certificate connects with (the wire fuzzer's).
+pub fn unchecked_client_config() -> Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::new(ErrorCode::InternalError, format!("TLS set-up: {e}")))?;
+    Ok(unchecked(builder, provider))
+}
+
+fn unchecked(
+    builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> rustls::ClientConfig {
+    builder
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
+        .with_no_client_auth()
 }
 
 /// `require`/`prefer`: encryption without checking who is at the other end (libpq's meaning
