@@ -42,12 +42,28 @@ struct Member {
     process: Option<Child>,
 }
 
-/// A loopback port nobody listens on now.
+/// A loopback port nobody listens on now, below the range the kernel gives outgoing
+/// connections their ports from (`net.ipv4.ip_local_port_range`, 32768–60999 by default). A
+/// port from that range (a bind to port 0) could be taken, before its member binds it, by
+/// another member's connection to its peers: etcd then exits with "address already in use"
+/// (seen once in CI).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::hash::{BuildHasher, Hasher};
+    let outgoing_from: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let below = outgoing_from.saturating_sub(12_000).max(1_024);
+    let span = outgoing_from.saturating_sub(below).max(1);
+    loop {
+        // Random, so that tests starting clusters at once do not walk the same ports.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(Instant::now().elapsed().as_nanos());
+        let port = below + (hasher.finish() % u64::from(span)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Etcd {
