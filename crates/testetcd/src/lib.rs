@@ -46,20 +46,27 @@ struct Member {
 /// connections their ports from (`net.ipv4.ip_local_port_range`, 32768–60999 by default). A
 /// port from that range (a bind to port 0) could be taken, before its member binds it, by
 /// another member's connection to its peers: etcd then exits with "address already in use"
-/// (seen once in CI).
+/// (seen once in CI). Ports are handed out in turn from a random start, so that no two of one
+/// test process are the same (a cluster's ports are all picked before any member binds one).
 fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let outgoing_from: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(32_768);
     let below = outgoing_from.saturating_sub(12_000).max(1_024);
-    let span = outgoing_from.saturating_sub(below).max(1);
-    loop {
-        // Random, so that tests starting clusters at once do not walk the same ports.
+    let span = u64::from(outgoing_from.saturating_sub(below).max(1));
+    let start = *START.get_or_init(|| {
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(Instant::now().elapsed().as_nanos());
-        let port = below + (hasher.finish() % u64::from(span)) as u16;
+        hasher.write_u32(std::process::id());
+        hasher.finish() % span
+    });
+    loop {
+        let turn = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = below + ((start + turn) % span) as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
