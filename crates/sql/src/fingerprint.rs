@@ -423,6 +423,17 @@ mod tests {
             "{}",
             &a.text[..60]
         );
+        // Their cache keys are one too, and keep no more than that part; the lexer keeps a
+        // span for the literals in that part only (400,001 in the text).
+        let (qa, qb) = (query(&long("AND y = 1")), query(&long("OR z")));
+        let key = fingerprint_key(&qa.text, &qa.literals);
+        assert_eq!(key, fingerprint_key(&qb.text, &qb.literals));
+        assert!(key.len() <= FINGERPRINT_MAX_BYTES, "{}", key.len());
+        assert!(
+            qa.literals.len() <= FINGERPRINT_MAX_BYTES / 2,
+            "{}",
+            qa.literals.len()
+        );
         // Shorter than the bound: read whole.
         assert_ne!(
             fingerprint("SELECT 1 AND y = 1").id,
