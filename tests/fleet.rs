@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_testetcd::Etcd;
@@ -102,6 +103,20 @@ fn start_with(
         ],
     );
     (server, port)
+}
+
+/// Waits (60 s at most) until every node at `ports` has workload `name` with `setting` in its
+/// `create_query`: the change reached them.
+fn reached(ports: &[u16], name: &str, setting: &str) {
+    for port in ports {
+        says(
+            *port,
+            &format!(
+                "SELECT count(*) FROM system.workloads WHERE name = '{name}' AND create_query LIKE '%{setting}%'"
+            ),
+            "1",
+        );
+    }
 }
 
 /// Waits (60 s at most) until the node at `port` lists exactly `names` in `system.nodes`.
@@ -531,11 +546,13 @@ const GRACE: Duration = Duration::from_secs(10);
 /// (see [`clients_until`]).
 async fn workload_clients_until(
     targets: Vec<(u16, &'static str)>,
-    deadline: tokio::time::Instant,
+    deadline: impl Into<Deadline>,
     grace: Duration,
 ) -> (u64, Vec<String>) {
+    let deadline = deadline.into();
     let mut tasks = Vec::new();
     for (port, workload) in targets {
+        let deadline = deadline.clone();
         tasks.push(tokio::spawn(async move {
             let (client, connection) = match tokio_postgres::connect(
                 &format!("host=127.0.0.1 port={port} user=fleet dbname=fleet"),
@@ -548,10 +565,10 @@ async fn workload_clients_until(
             };
             tokio::spawn(connection);
             let mut answered = 0;
-            while tokio::time::Instant::now() < deadline {
+            while tokio::time::Instant::now() < deadline.at() {
                 let sql = format!("SELECT pg_sleep(0.02) SETTINGS workload = '{workload}'");
                 let query = client.simple_query(&sql);
-                match tokio::time::timeout_at(deadline + grace, query).await {
+                match tokio::time::timeout_at(deadline.at() + grace, query).await {
                     Ok(Ok(_)) => answered += 1,
                     Ok(Err(e)) => return (answered, Some(e.to_string())),
                     Err(_) => return (answered, Some("no answer".to_string())),
@@ -567,6 +584,26 @@ async fn workload_clients_until(
         failed.extend(f);
     }
     (answered, failed)
+}
+
+/// When clients stop asking: a moment, which the test may move while they run.
+#[derive(Clone)]
+struct Deadline(Arc<Mutex<tokio::time::Instant>>);
+
+impl Deadline {
+    fn at(&self) -> tokio::time::Instant {
+        *self.0.lock().expect("deadline")
+    }
+
+    fn set(&self, at: tokio::time::Instant) {
+        *self.0.lock().expect("deadline") = at;
+    }
+}
+
+impl From<tokio::time::Instant> for Deadline {
+    fn from(at: tokio::time::Instant) -> Self {
+        Deadline(Arc::new(Mutex::new(at)))
+    }
 }
 
 /// Issue 37's faults: a node paused (SIGSTOP) for longer than its lease, then resumed, must
@@ -973,8 +1010,8 @@ fn etcd_losing_members_and_quorum_under_load() {
 
 /// `CREATE OR REPLACE` of a limited workload under load, on another node than the clients'
 /// first: queued work is kept (no client sees an error), and once the change has reached the
-/// nodes (half a second) the fleet holds the new limit; raising it back gives the capacity
-/// back.
+/// nodes the fleet holds the new limit (after half a second, for what ran under the old one
+/// to end); raising it back gives the capacity back.
 #[test]
 fn replacing_a_limit_under_load_keeps_queued_work_and_holds_the_new_limit() {
     let _serial = serial();
@@ -992,27 +1029,35 @@ fn replacing_a_limit_under_load_keeps_queued_work_and_holds_the_new_limit() {
     let ports: Vec<u16> = started.iter().map(|(_, p)| *p).collect();
     let runtime = runtime();
     let targets = (0..30).map(|i| (ports[i % 3], "w")).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(9);
-    let work = runtime.spawn(workload_clients_until(targets, deadline, GRACE));
+    // The clients ask until 2.5 s after the raise has reached every node (a minute at most).
+    let deadline = Deadline::from(tokio::time::Instant::now() + Duration::from_secs(60));
+    let work = runtime.spawn(workload_clients_until(targets, deadline.clone(), GRACE));
     std::thread::sleep(Duration::from_secs(3));
-    let lowered = micros_now();
+    // From when every node has the change (a loaded machine takes a while to say so: the
+    // phases count from then).
+    let lowering = micros_now();
     run(
         ports[1],
         "CREATE OR REPLACE WORKLOAD all SETTINGS max_concurrent_queries = 4",
     )
     .expect("lower the limit");
+    reached(&ports, "all", "max_concurrent_queries = 4");
+    let lowered = micros_now();
     std::thread::sleep(Duration::from_secs(3));
-    let raised = micros_now();
+    let raising = micros_now();
     run(
         ports[2],
         "CREATE OR REPLACE WORKLOAD all SETTINGS max_concurrent_queries = 8",
     )
     .expect("raise it again");
+    reached(&ports, "all", "max_concurrent_queries = 8");
+    let raised = micros_now();
+    deadline.set(tokio::time::Instant::now() + Duration::from_millis(2_500));
     let (answered, failed) = runtime.block_on(work).expect("clients");
     assert!(failed.is_empty(), "clients saw errors: {failed:?}");
     let events = admissions(dir.path(), &["n1", "n2", "n3"], &[]);
-    let (before, _) = concurrency(&events, lowered - 2_000_000, lowered);
-    let (under_4, average_4) = concurrency(&events, lowered + 500_000, raised);
+    let (before, _) = concurrency(&events, lowering - 2_000_000, lowering);
+    let (under_4, average_4) = concurrency(&events, lowered + 500_000, raising);
     let (_, average_8) = concurrency(&events, raised + 1_000_000, raised + 2_500_000);
     eprintln!("{answered} answered; at most {before} before; at most {under_4} ({average_4:.2} on average) under 4; {average_8:.2} on average after it was raised");
     assert!(before <= 8);

@@ -49,6 +49,9 @@
 //! queue in order — or fail with INVALID_SCHEDULER_NODE when it has none (ClickHouse's purge).
 //! The old scheduler forwards: a permit released there is released in its successor too, and
 //! requests sent to it go to the successor. So a change never admits more than the new limits.
+//! In a fleet each limit's share is carried over, scaled down with a limit that came down
+//! (`carried_share`), and a share reckoned on a limit's old size is not raised on the new one
+//! (`set_share`'s `size`).
 //!
 //! The space-shared (memory) nodes run in [`crate::space`].
 
@@ -519,12 +522,14 @@ impl ResourceScheduler {
             match (&old.nodes[i].kind, &mut new.nodes[j].kind) {
                 (
                     RtKind::Inflight {
+                        max_requests,
                         requests,
                         cost,
                         share,
                         ..
                     },
                     RtKind::Inflight {
+                        max_requests: to_max,
                         requests: to_requests,
                         cost: to_cost,
                         share: to_share,
@@ -533,13 +538,22 @@ impl ResourceScheduler {
                 ) => {
                     *to_requests += requests;
                     *to_cost += cost;
-                    *to_share = *share;
+                    *to_share = carried_share(*share, *max_requests, *to_max);
                     constraints.insert(i, j);
                 }
-                (RtKind::Bandwidth { tokens, share, .. }, to) => {
+                (
+                    RtKind::Bandwidth {
+                        tokens,
+                        share,
+                        limit_speed,
+                        ..
+                    },
+                    to,
+                ) => {
                     let (tokens, share) = (*tokens, *share);
                     if share != i64::MAX {
-                        share_rate(to, share);
+                        let sizes = (thousandths(*limit_speed), limit_size(to).map_or(0, |l| l.1));
+                        share_rate(to, carried_share(share, sizes.0, sizes.1));
                     }
                     if let RtKind::Bandwidth {
                         tokens: to_tokens,
@@ -569,7 +583,15 @@ impl ResourceScheduler {
                 .unwrap_or_default()
                 .to_string();
             let target = new.leaves.get(&workload).copied().flatten();
-            if let (Some(target), RtKind::Queue { share, .. }) = (target, &old.nodes[leaf].kind) {
+            if let (
+                Some(target),
+                RtKind::Queue {
+                    share,
+                    max_queued: was,
+                    ..
+                },
+            ) = (target, &old.nodes[leaf].kind)
+            {
                 if let RtKind::Queue {
                     share: to_share,
                     max_queued,
@@ -577,7 +599,7 @@ impl ResourceScheduler {
                 } = &mut new.nodes[target].kind
                 {
                     if *max_queued < sluice_catalog::UNLIMITED && *share != i64::MAX {
-                        *to_share = *share;
+                        *to_share = carried_share(*share, *was, *max_queued);
                     }
                 }
             }
@@ -780,17 +802,26 @@ impl ResourceScheduler {
         self.with_current(|_, state| enter_fleet(state, fence));
     }
 
-    /// Sets this node's share of `workload`'s limit of `kind` and grants what it lets
-    /// through. A smaller share of slots admits nothing until the requests in flight are
-    /// below it (it never stops what runs); of waiting, queues nothing more until fewer wait;
-    /// of a rate, refills slower from now on and keeps no more tokens than its burst. False
-    /// when the workload has no such limit here.
-    pub fn set_share(&self, workload: &str, kind: LimitKind, to: i64) -> bool {
+    /// Sets this node's share of `workload`'s limit of `kind`, a share of a limit of `size`
+    /// (in the kind's units, [`LimitState::max_requests`]), and grants what it lets through.
+    /// A smaller share of slots admits nothing until the requests in flight are below it (it
+    /// never stops what runs); of waiting, queues nothing more until fewer wait; of a rate,
+    /// refills slower from now on and keeps no more tokens than its burst. A share is never
+    /// raised on a limit that is no longer of `size` (the catalog changed since the share was
+    /// reckoned: it was reckoned on the old limit). False when the workload has no such limit
+    /// here, or the share was not raised for that reason.
+    pub fn set_share(&self, workload: &str, kind: LimitKind, size: i64, to: i64) -> bool {
         let now = self.shared.clock.now();
         self.with_current(|shared, state| {
             let mut found = false;
             for node in &mut state.nodes {
                 if node.owner.as_deref() != Some(workload) {
+                    continue;
+                }
+                let Some((of, now_size)) = limit_size(&node.kind) else {
+                    continue;
+                };
+                if of != kind || (now_size != size && to > share_of(&node.kind)) {
                     continue;
                 }
                 match (&mut node.kind, kind) {
@@ -1305,6 +1336,44 @@ fn is_active(state: &mut State, n: usize, now: Instant) -> bool {
 /// A rate in thousandths of a request per second (what the fleet divides), rounded down.
 fn thousandths(speed: f64) -> i64 {
     (speed * 1000.0).floor().min(i64::MAX as f64) as i64
+}
+
+/// The limit a node of the tree divides across a fleet, and its size in the kind's units
+/// ([`LimitState::max_requests`]); `None` for a node that has none.
+fn limit_size(kind: &RtKind) -> Option<(LimitKind, i64)> {
+    match kind {
+        RtKind::Inflight { max_requests, .. } => Some((LimitKind::Slots, *max_requests)),
+        RtKind::Bandwidth { limit_speed, .. } => Some((LimitKind::Rate, thousandths(*limit_speed))),
+        RtKind::Queue { max_queued, .. } if *max_queued < sluice_catalog::UNLIMITED => {
+            Some((LimitKind::Waiting, *max_queued))
+        }
+        _ => None,
+    }
+}
+
+/// This node's share of the limit `kind` holds (`i64::MAX` outside a fleet; 0 for a node
+/// without one).
+fn share_of(kind: &RtKind) -> i64 {
+    match kind {
+        RtKind::Inflight { share, .. }
+        | RtKind::Bandwidth { share, .. }
+        | RtKind::Queue { share, .. } => *share,
+        _ => 0,
+    }
+}
+
+/// A node's share of a limit whose size a catalog change took from `old` to `new`: kept when
+/// the limit did not come down, scaled down with it (rounded down) when it did. Every node of
+/// the fleet scales its own alike, so shares that summed to no more than the old limit sum to
+/// no more than the new one from the moment each node has applied the change — not only once
+/// the fleet's keepers have divided it anew over etcd, which a busy etcd can hold up for as
+/// long as a keeper's round (the fleet's test saw half a second).
+fn carried_share(share: i64, old: i64, new: i64) -> i64 {
+    if share == i64::MAX || new >= old || old <= 0 {
+        share
+    } else {
+        (i128::from(share) * i128::from(new.max(0)) / i128::from(old)) as i64
+    }
 }
 
 /// A throttler's share of its workload's rate (thousandths of a request per second): it

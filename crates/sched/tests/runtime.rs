@@ -558,7 +558,7 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
     // No share yet, and no lease: nothing passes.
     let mut first = s.acquire("all", 1).expect("queues");
     assert!(!first.is_granted());
-    s.set_share("all", LimitKind::Slots, 2);
+    s.set_share("all", LimitKind::Slots, 8, 2);
     settle().await;
     assert!(!first.is_granted(), "granted without a lease");
     fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(5));
@@ -586,10 +586,10 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
     let mut fourth = next.acquire("x", 1).expect("queues");
     settle().await;
     assert!(!fourth.is_granted());
-    next.set_share("all", LimitKind::Slots, 3);
+    next.set_share("all", LimitKind::Slots, 8, 3);
     settle().await;
     assert!(!fourth.is_granted(), "x has no share yet");
-    next.set_share("x", LimitKind::Slots, 1);
+    next.set_share("x", LimitKind::Slots, 1, 1);
     settle().await;
     assert!(fourth.is_granted());
     let shares: Vec<(String, i64)> = next
@@ -599,6 +599,71 @@ async fn in_a_fleet_a_limit_admits_its_share_while_the_fence_holds() {
         .collect();
     assert_eq!(shares, vec![("all".into(), 3), ("x".into(), 1)]);
     drop((first, third, fourth));
+}
+
+/// In a fleet a catalog change that lowers a limit scales this node's share down with it at
+/// once (every node alike, so shares that fit the old limit fit the new one as soon as each
+/// node has the change, whatever its keeper's round waits for); one that raises it keeps the
+/// share. A share reckoned on the old limit is not raised on the new one; it may lower.
+#[tokio::test(start_paused = true)]
+async fn in_a_fleet_a_lowered_limit_scales_the_share_down_with_it() {
+    let shares = |s: &ResourceScheduler| -> Vec<(LimitKind, i64)> {
+        s.limits().into_iter().map(|l| (l.kind, l.share)).collect()
+    };
+    let s = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8, max_waiting_queries = 10;",
+    );
+    let fence = sluice_sched::Fence::new();
+    s.join_fleet(fence.clone());
+    fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
+    s.set_share("all", LimitKind::Slots, 8, 3);
+    s.set_share("all", LimitKind::Waiting, 10, 3);
+    let mut running: Vec<sluice_sched::Acquire> = (0..3)
+        .map(|_| s.acquire("all", 1).expect("granted"))
+        .collect();
+    settle().await;
+    assert!(running.iter_mut().all(|a| a.is_granted()));
+    let next = s.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 4, max_waiting_queries = 5;",
+    ));
+    // 3 of 8 is 1 of 4 (1.5 rounded down); 3 of 10 waiting is 1 of 5.
+    assert_eq!(
+        shares(&next),
+        vec![(LimitKind::Slots, 1), (LimitKind::Waiting, 1)]
+    );
+    // What runs goes on; nothing more is admitted until fewer than the share run.
+    let mut fourth = next.acquire("all", 1).expect("waits");
+    running.truncate(1);
+    settle().await;
+    assert!(!fourth.is_granted(), "admitted past the scaled share");
+    running.clear();
+    settle().await;
+    assert!(fourth.is_granted());
+    // Reckoned on the old limit of 8: not raised; lowered.
+    assert!(!next.set_share("all", LimitKind::Slots, 8, 3));
+    assert_eq!(shares(&next)[0], (LimitKind::Slots, 1));
+    assert!(next.set_share("all", LimitKind::Slots, 8, 0));
+    assert_eq!(shares(&next)[0], (LimitKind::Slots, 0));
+    assert!(next.set_share("all", LimitKind::Slots, 4, 2));
+    // Raised again: the share is kept.
+    let last = next.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_concurrent_queries = 8, max_waiting_queries = 10;",
+    ));
+    assert_eq!(
+        shares(&last),
+        vec![(LimitKind::Slots, 2), (LimitKind::Waiting, 1)]
+    );
+    drop(fourth);
+    // A rate's share (thousandths of a request per second) alike.
+    let rate = scheduler(
+        "CREATE WORKLOAD all SETTINGS max_queries_per_second = 10, max_burst_queries = 10;",
+    );
+    rate.join_fleet(fence.clone());
+    rate.set_share("all", LimitKind::Rate, 10_000, 3_000);
+    let halved = rate.succeed(&tree(
+        "CREATE WORKLOAD all SETTINGS max_queries_per_second = 5, max_burst_queries = 10;",
+    ));
+    assert_eq!(shares(&halved), vec![(LimitKind::Rate, 1_500)]);
 }
 
 /// In a fleet a throttler refills at the node's share of the rate and keeps at most the burst
@@ -631,7 +696,7 @@ async fn in_a_fleet_a_rate_admits_its_share_of_the_rate_and_the_burst() {
     assert_eq!((rate.max_requests, rate.share), (10_000, 0));
     // Half the rate: 5 a second, the first at once (tokens start at none; a request passes
     // while they are not negative).
-    s.set_share("all", LimitKind::Rate, 5_000);
+    s.set_share("all", LimitKind::Rate, 10_000, 5_000);
     let mut admitted = 0;
     for _ in 0..20 {
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -640,7 +705,7 @@ async fn in_a_fleet_a_rate_admits_its_share_of_the_rate_and_the_burst() {
     }
     assert!((10..=11).contains(&admitted), "{admitted} in 2 s at 5/s");
     // Down to 1 a second.
-    s.set_share("all", LimitKind::Rate, 1_000);
+    s.set_share("all", LimitKind::Rate, 10_000, 1_000);
     let mut admitted = 0;
     for _ in 0..30 {
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -666,14 +731,14 @@ async fn in_a_fleet_a_queue_holds_its_share_of_the_waiting() {
     let fence = sluice_sched::Fence::new();
     s.join_fleet(fence.clone());
     fence.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
-    s.set_share("all", LimitKind::Slots, 1);
+    s.set_share("all", LimitKind::Slots, 1, 1);
     let mut running = s.acquire("all", 1).expect("granted");
     settle().await;
     assert!(running.is_granted());
     let refused = s.acquire("all", 1).expect_err("no share of the waiting");
     assert_eq!(refused.code, ErrorCode::ServerOverloaded);
     assert!(refused.message.contains("share"), "{}", refused.message);
-    s.set_share("all", LimitKind::Waiting, 2);
+    s.set_share("all", LimitKind::Waiting, 10, 2);
     let a = s.acquire("all", 1).expect("waits");
     let b = s.acquire("all", 1).expect("waits");
     assert!(
@@ -682,7 +747,7 @@ async fn in_a_fleet_a_queue_holds_its_share_of_the_waiting() {
     );
     let next = s.succeed(&tree(ddl));
     assert!(next.acquire("all", 1).is_err(), "the share was lost");
-    next.set_share("all", LimitKind::Waiting, 3);
+    next.set_share("all", LimitKind::Waiting, 10, 3);
     let c = next.acquire("all", 1).expect("waits");
     let waiting = next
         .limits()

@@ -28,7 +28,7 @@
 //! its keys); the node's fence passed before that, and it starts again from no share under a
 //! new lease.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -362,6 +362,13 @@ struct Keeper {
     unsure: bool,
     /// Whether the fence held at the last round (to log and wake on a change).
     fenced: bool,
+    /// Each limit's size (`LimitState::max_requests`) at the last round.
+    sizes: BTreeMap<String, i64>,
+    /// Limits that came down since this node's share of them in etcd was granted: the
+    /// scheduler scaled the share down with the limit; what etcd holds (this node's, and the
+    /// others') may still be the old limit's, so nothing is raised until it has come down to
+    /// what the scheduler uses (see [`Keeper::round`], step 3).
+    shrunk: BTreeSet<String>,
 }
 
 /// Keeps this node's shares (see the module docs) for as long as the server runs.
@@ -390,6 +397,8 @@ async fn keep_shares(
         rejected: BTreeMap::new(),
         unsure: false,
         fenced: true,
+        sizes: BTreeMap::new(),
+        shrunk: BTreeSet::new(),
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -445,6 +454,26 @@ impl Keeper {
         );
     }
 
+    /// Lowers this node's share `key` in etcd to `to` (its key at `revision`). False when
+    /// whether it was stored is unknown: the round ends there, and the next settles every
+    /// share first.
+    async fn lower(
+        &mut self,
+        shared: &Shared,
+        lease: i64,
+        key: &str,
+        to: i64,
+        revision: i64,
+    ) -> sluice_sql::Result<bool> {
+        let Some(revision) = self.book.lower(lease, key, to, revision).await? else {
+            self.unsure = true;
+            return Ok(false);
+        };
+        self.held.insert(key.to_string(), (to, revision));
+        shared.metrics.fleet.shares_lowered.fetch_add(1, Relaxed);
+        Ok(true)
+    }
+
     async fn round(
         &mut self,
         shared: &Shared,
@@ -461,7 +490,7 @@ impl Keeper {
             // A new lease: the old one was lost, and its keys (demand, shares) with it. No
             // share is usable before the new lease's fence is set below.
             for limit in scheduler.limits() {
-                scheduler.set_share(&limit.workload, limit.kind, 0);
+                scheduler.set_share(&limit.workload, limit.kind, limit.max_requests, 0);
             }
             shared.metrics.fleet.leases_replaced.fetch_add(1, Relaxed);
             if !self.fenced {
@@ -475,6 +504,7 @@ impl Keeper {
                 shared.registry.set_node_number(fleet.number());
             }
             self.held.clear();
+            self.shrunk.clear();
             self.unsure = false;
             self.published = None;
         }
@@ -595,16 +625,55 @@ impl Keeper {
                 let (value, revision) = self.book.settle(lease.lease, &key).await?;
                 self.held.insert(key, (value, revision));
                 if let Some(limit) = limit.filter(|l| l.share > value) {
-                    scheduler.set_share(&limit.workload, limit.kind, value);
+                    scheduler.set_share(&limit.workload, limit.kind, limit.max_requests, value);
                 }
             }
             self.unsure = false;
         }
+        // What `limit` holds here now (running, waiting), read after its cap came down (it
+        // cannot rise past the cap from then; `limit.requests` is from before this round's
+        // awaits, when more may have been admitted under the old cap).
+        let holds_now = |limit: &LimitState| {
+            scheduler
+                .limits()
+                .into_iter()
+                .find(|l| l.workload == limit.workload && l.kind == limit.kind)
+                .map_or(limit.requests, |l| l.requests)
+        };
         // 3. Each limit's share toward its target.
         for limit in &limits {
             let key = key_of(limit);
             let target = target_of(limit);
             let (held, revision) = self.held.get(&key).copied().unwrap_or((0, 0));
+            let size = limit.max_requests;
+            if self
+                .sizes
+                .insert(key.clone(), size)
+                .is_some_and(|was| size < was)
+                && held > 0
+            {
+                self.shrunk.insert(key.clone());
+            }
+            if self.shrunk.contains(&key) {
+                // The limit came down: the scheduler scaled this node's share down with it
+                // (every node alike, so those fit the new limit), but the shares in etcd may
+                // still sum to the old one. So this node raises nothing (neither to its
+                // target nor to what it holds in etcd) until its share in etcd is down to
+                // what it uses; from then it grows as always, by transactions that see every
+                // share against the new limit.
+                let uses = limit.share.min(target);
+                if uses < limit.share {
+                    scheduler.set_share(&limit.workload, limit.kind, size, uses);
+                }
+                let to = uses.max(holds_now(limit)).min(held);
+                if to < held && !self.lower(shared, lease.lease, &key, to, revision).await? {
+                    return Ok(());
+                }
+                if to <= uses {
+                    self.shrunk.remove(&key);
+                }
+                continue;
+            }
             // A rate moves by no less than a twentieth of an even share: its use, measured,
             // changes a little on every round.
             let step = match limit.kind {
@@ -614,25 +683,11 @@ impl Keeper {
             let far = (target - held).abs() >= step || target == 0 || held == 0;
             if target < held && far {
                 if limit.share != target {
-                    scheduler.set_share(&limit.workload, limit.kind, target);
+                    scheduler.set_share(&limit.workload, limit.kind, size, target);
                 }
-                // What it holds now (running, waiting), read after the cap came down (it
-                // cannot rise past the cap from here; `limit.requests` is from before this
-                // round's awaits, when more may have been admitted under the old cap).
-                let running = scheduler
-                    .limits()
-                    .into_iter()
-                    .find(|l| l.workload == limit.workload && l.kind == limit.kind)
-                    .map_or(limit.requests, |l| l.requests);
-                let to = target.max(running).min(held);
-                if to < held {
-                    let lowered = self.book.lower(lease.lease, &key, to, revision).await?;
-                    let Some(revision) = lowered else {
-                        self.unsure = true;
-                        return Ok(());
-                    };
-                    self.held.insert(key, (to, revision));
-                    shared.metrics.fleet.shares_lowered.fetch_add(1, Relaxed);
+                let to = target.max(holds_now(limit)).min(held);
+                if to < held && !self.lower(shared, lease.lease, &key, to, revision).await? {
+                    return Ok(());
                 }
             } else if target > held && far {
                 let (now, revision) = self
@@ -651,10 +706,10 @@ impl Keeper {
                 }
                 self.held.insert(key, (now, revision));
                 if limit.share != now {
-                    scheduler.set_share(&limit.workload, limit.kind, now);
+                    scheduler.set_share(&limit.workload, limit.kind, size, now);
                 }
             } else if limit.share != held {
-                scheduler.set_share(&limit.workload, limit.kind, held);
+                scheduler.set_share(&limit.workload, limit.kind, size, held);
             }
         }
         // Shares of limits that are gone (a workload dropped or no longer limited).
@@ -666,15 +721,14 @@ impl Keeper {
             .collect();
         for key in gone {
             let (held, revision) = self.held[&key];
-            if held > 0 {
-                let lowered = self.book.lower(lease.lease, &key, 0, revision).await?;
-                if lowered.is_none() {
-                    self.unsure = true;
-                    return Ok(());
-                }
+            if held > 0 && !self.lower(shared, lease.lease, &key, 0, revision).await? {
+                return Ok(());
             }
             self.held.remove(&key);
         }
+        let current = |k: &String| limits.iter().any(|l| key_of(l) == *k);
+        self.sizes.retain(|k, _| current(k));
+        self.shrunk.retain(current);
         *shared
             .metrics
             .fleet
