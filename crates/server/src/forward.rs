@@ -216,6 +216,8 @@ pub struct Forwarder {
     wanted: Option<Vec<(String, String)>>,
     /// The simple Queries read so far, by their integer shape ([`Shapes`]).
     shapes: Shapes,
+    /// The next message's text, read ahead on a blocking thread ([`Forwarder::read_ahead`]).
+    read_ahead: Option<ReadAhead>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -258,6 +260,7 @@ impl Forwarder {
             running: None,
             record: None,
             status: TransactionStatus::Idle,
+            read_ahead: None,
             last_failed: false,
             hold_answers: false,
             pool: None,

@@ -300,6 +300,14 @@ pub async fn process_connection<H: PgWireServerHandlers>(
         };
         // Upstream mode: what is not sluice's own goes upstream; before sluice answers a
         // message itself, what was forwarded before it is answered.
+        // A statement of megabytes is read on a blocking thread, not on this one, which
+        // every client of the thread shares.
+        let incoming = match forwarding.as_mut() {
+            Some((forwarder, _)) if crate::forward::Forwarder::reads_ahead(&incoming) => {
+                forwarder.read_ahead(incoming).await
+            }
+            _ => incoming,
+        };
         let message = match (incoming, forwarding.as_mut()) {
             (Incoming::Raw(frame), Some((forwarder, connection))) => {
                 match forwarder.route_raw(frame) {

@@ -31,6 +31,16 @@ async fn setup_with(
     admission: AdmissionMode,
     server_idle_timeout: Option<Duration>,
 ) -> Setup {
+    setup_on_threads(pool_mode, pool_size, admission, server_idle_timeout, 2).await
+}
+
+async fn setup_on_threads(
+    pool_mode: PoolMode,
+    pool_size: usize,
+    admission: AdmissionMode,
+    server_idle_timeout: Option<Duration>,
+    connection_threads: usize,
+) -> Setup {
     let pg_dir = tempfile::tempdir().expect("tempdir");
     let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
     pg.psql("CREATE DATABASE shop OWNER owner");
@@ -51,7 +61,7 @@ async fn setup_with(
         }),
         // As `sluice serve` runs by default: connections on threads of their own, with the
         // upstream connections lent to them moved there.
-        connection_threads: 2,
+        connection_threads,
         ..ServerOptions::new(
             data.path(),
             Machine {
@@ -488,6 +498,45 @@ async fn clients_get_what_they_get_going_direct() {
 /// A simple Query sent again with new integers is read once (`Shapes`): each run still goes
 /// upstream as its own text, is logged as its own text under one fingerprint, and what only
 /// looks alike (another kind of statement, sluice's own, a SETTINGS tail) is read anew.
+/// A statement of megabytes is read (lexed, split, classified) on a blocking thread, not on
+/// the connection thread: another client of the same thread is answered at once while the big
+/// text is read. (Read in line, a 16 MB text held the thread — and the other client's answers
+/// — for most of the big statement's time: ~1.3 s of ~1.7 in a debug build.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_of_megabytes_holds_no_other_client_of_its_thread() {
+    let setup = setup_on_threads(PoolMode::Session, 4, AdmissionMode::Statement, None, 1).await;
+    let other = setup.through().await;
+    simple(&other, "SELECT 1").await;
+    let big_client = setup.through().await;
+    // 16 MB, which PostgreSQL refuses at its first word: the big statement's time is
+    // sluice's reading of it, nearly all.
+    let big = format!("SELEC 1{}", ",1".repeat(8 << 20));
+    let started = std::time::Instant::now();
+    let big_one = tokio::spawn(async move {
+        let refused = big_client.simple_query(&big).await.is_err();
+        (refused, started.elapsed())
+    });
+    // Its bytes are on their way, and being read.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let asked = std::time::Instant::now();
+        assert_eq!(
+            simple(&other, "SELECT 1").await,
+            ["columns [\"?column?\"]", "row [Some(\"1\")]", "complete 1"]
+        );
+        slowest = slowest.max(asked.elapsed());
+    }
+    let (refused, took) = big_one.await.expect("big client");
+    assert!(refused, "the 16 MB text was refused");
+    eprintln!("the big statement took {took:?}; the other client's slowest answer {slowest:?}");
+    assert!(
+        slowest * 4 < took,
+        "the other client waited {slowest:?} for an answer while the big statement ({took:?}) was read"
+    );
+    assert_eq!(simple(&other, "SELECT 2").await.len(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_repeated_with_new_integers_runs_as_written() {
     let s = setup(PoolMode::Session, 2).await;
