@@ -940,9 +940,21 @@ async fn plan(
     sql: &str,
     arguments: crate::compat::TableArguments<'_>,
 ) -> Result<Planned> {
-    let dialect = state.config().options().sql_parser.dialect;
-    crate::compat::check_tokens(sql)?;
-    let mut statement = state.sql_to_statement(sql, &dialect).map_err(df)?;
+    let read = |state: &SessionState, sql: &str| {
+        crate::compat::check_tokens(sql)?;
+        let dialect = state.config().options().sql_parser.dialect;
+        state.sql_to_statement(sql, &dialect).map_err(df)
+    };
+    // A text of megabytes is read on a blocking thread, not on the connection thread every
+    // client of it shares.
+    let mut statement = if sql.len() > sluice_sql::lexer::READ_APART_BYTES {
+        let (state, text) = (state.clone(), sql.to_string());
+        Box::pin(tokio::task::spawn_blocking(move || read(&state, &text)))
+            .await
+            .map_err(|e| Error::new(ErrorCode::InternalError, e.to_string()))??
+    } else {
+        read(state, sql)?
+    };
     crate::compat::check_size(&statement)?;
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
         postgres_series(inner);

@@ -216,7 +216,7 @@ pub struct Forwarder {
     wanted: Option<Vec<(String, String)>>,
     /// The simple Queries read so far, by their integer shape ([`Shapes`]).
     shapes: Shapes,
-    /// The next message's text, read ahead on a blocking thread ([`Forwarder::read_ahead`]).
+    /// The next message's text, read on a blocking thread ([`Forwarder::route_raw_apart`]).
     read_ahead: Option<ReadAhead>,
 }
 

@@ -365,6 +365,34 @@ impl Connection {
         read
     }
 
+    /// [`Connection::statements_of`] for a text past [`sluice_sql::lexer::READ_APART_BYTES`]
+    /// ([`reads_apart`]): read on a blocking thread (and not kept), not on the connection
+    /// thread every client of it shares, where reading a text of megabytes would hold them a
+    /// tenth of a second or more. (The callers test the length: a future awaited on every
+    /// statement cost the extended protocol's round trip ~1% more instructions; they box it, so
+    /// that their own futures do not grow by it.)
+    async fn read_statements_apart(&self, sql: &str) -> Vec<Result<Arc<ClientStatement>>> {
+        let text = sql.to_string();
+        let read = tokio::task::spawn_blocking(move || {
+            sluice_sql::statements(&text)
+                .into_iter()
+                .map(|s| s.map(Arc::new))
+                .collect()
+        });
+        read.await.unwrap_or_else(|e| {
+            vec![Err(Error::new(
+                ErrorCode::InternalError,
+                format!("reading the statement failed: {e}"),
+            ))]
+        })
+    }
+
+    /// [`Connection::statement_of`] for a text past the length, read as
+    /// [`Connection::read_statements_apart`] reads it.
+    async fn read_statement_apart(&self, sql: &str) -> Result<Option<Arc<ClientStatement>>> {
+        sluice_sql::only_statement(self.read_statements_apart(sql).await)
+    }
+
     /// `sluice_sql::statement(sql)`, through [`Connection::statements_of`]: shared with the
     /// memo, not copied (a driver describes, then executes, each text).
     fn statement_of(&self, sql: &str) -> Result<Option<Arc<ClientStatement>>> {
@@ -850,7 +878,11 @@ impl Connection {
         let schema = match generation.and_then(|g| self.described.get(sql, g)) {
             Some(schema) => schema,
             None => {
-                let statement = match self.statement_of(sql).map_err(|e| to_pg(&e))? {
+                let statement = match reads_apart(sql) {
+                    false => self.statement_of(sql),
+                    true => Box::pin(self.read_statement_apart(sql)).await,
+                };
+                let statement = match statement.map_err(|e| to_pg(&e))? {
                     Some(statement) => statement,
                     None => return Ok(Arc::default()),
                 };
@@ -1058,7 +1090,11 @@ impl SimpleQueryHandler for Connection {
         // A simple query may hold several statements; each runs in turn and its answer is
         // sent before the next starts (so its rows stream, and its permits go, first); the
         // first error stops.
-        for statement in self.statements_of(query) {
+        let statements = match reads_apart(query) {
+            false => self.statements_of(query),
+            true => Box::pin(self.read_statements_apart(query)).await,
+        };
+        for statement in statements {
             let statement = statement.map_err(|e| to_pg(&e))?;
             let outcome = self
                 .run(&user, &statement, Vec::new(), &mut ClientNotices(client))
@@ -1156,7 +1192,11 @@ impl ExtendedQueryHandler for Connection {
     {
         self.admission.cancellable(client);
         let sql = &portal.statement.statement;
-        let Some(statement) = self.statement_of(sql).map_err(|e| to_pg(&e))? else {
+        let statement = match reads_apart(sql) {
+            false => self.statement_of(sql),
+            true => Box::pin(self.read_statement_apart(sql)).await,
+        };
+        let Some(statement) = statement.map_err(|e| to_pg(&e))? else {
             return Ok(Response::EmptyQuery);
         };
         let values = if portal.parameter_len() > 0 {
@@ -1242,7 +1282,11 @@ impl ExtendedQueryHandler for Connection {
         C: ClientInfo + ClientPortalStore + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
     {
-        let statement = self.statement_of(&stmt.statement).map_err(|e| to_pg(&e))?;
+        let statement = match reads_apart(&stmt.statement) {
+            false => self.statement_of(&stmt.statement),
+            true => Box::pin(self.read_statement_apart(&stmt.statement)).await,
+        };
+        let statement = statement.map_err(|e| to_pg(&e))?;
         let params = match &statement {
             Some(statement) => self
                 .parameter_types(statement, &stmt.statement, &stmt.parameter_types)
@@ -1353,4 +1397,10 @@ impl AsRef<Admission> for Connection {
     fn as_ref(&self) -> &Admission {
         &self.admission
     }
+}
+
+/// Whether `sql` is long enough to be read on a blocking thread
+/// ([`Connection::read_statements_apart`]).
+fn reads_apart(sql: &str) -> bool {
+    sql.len() > sluice_sql::lexer::READ_APART_BYTES
 }

@@ -299,18 +299,17 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             None => break,
         };
         // Upstream mode: what is not sluice's own goes upstream; before sluice answers a
-        // message itself, what was forwarded before it is answered.
-        // A statement of megabytes is read on a blocking thread, not on this one, which
-        // every client of the thread shares.
-        let incoming = match forwarding.as_mut() {
-            Some((forwarder, _)) if crate::forward::Forwarder::reads_ahead(&incoming) => {
-                forwarder.read_ahead(incoming).await
-            }
-            _ => incoming,
-        };
+        // message itself, what was forwarded before it is answered. A statement of megabytes
+        // is read on a blocking thread, not on this one, which every client of the thread
+        // shares.
         let message = match (incoming, forwarding.as_mut()) {
             (Incoming::Raw(frame), Some((forwarder, connection))) => {
-                match forwarder.route_raw(frame) {
+                let routed = if crate::forward::Forwarder::reads_apart(&frame) {
+                    Box::pin(forwarder.route_raw_apart(frame)).await
+                } else {
+                    forwarder.route_raw(frame)
+                };
+                match routed {
                     crate::forward::RoutedRaw::Upstream(step) => {
                         forwarder.forward(step, &mut socket, &**connection).await?;
                         continue;
@@ -342,7 +341,12 @@ pub async fn process_connection<H: PgWireServerHandlers>(
             // Terminate: the client is leaving; close (some clients wait for the close).
             (Incoming::Message(PgWireFrontendMessage::Terminate(_)), _) => break,
             (Incoming::Message(message), Some((forwarder, connection))) if !starting => {
-                match forwarder.route(message) {
+                let routed = if crate::forward::Forwarder::reads_apart(&message) {
+                    Box::pin(forwarder.route_apart(message)).await
+                } else {
+                    forwarder.route(message)
+                };
+                match routed {
                     crate::forward::Routed::Upstream(step) => {
                         forwarder.forward(step, &mut socket, &**connection).await?;
                         continue;

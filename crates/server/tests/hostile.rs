@@ -251,6 +251,52 @@ async fn deep_expressions_get_an_error_and_the_server_stays_up() {
     server.stop().await;
 }
 
+/// A text of megabytes is read (lexed, parsed, its tokens counted) on a blocking thread, not on
+/// the connection thread: another client of the same thread is answered at once while the big
+/// text is read. (Read in line, the 16 MB text below held the thread — and the other client's
+/// answers — for most of the big statement's time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_of_megabytes_holds_no_other_client_of_its_thread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start_with(sluice_server::ServerOptions {
+        connection_threads: 1,
+        ..sluice_server::ServerOptions::new(
+            dir.path(),
+            sluice_sched::Machine {
+                cores: 4,
+                memory: 1 << 34,
+            },
+        )
+    })
+    .await;
+    let other = server.client().await;
+    let big_client = server.client().await;
+    assert_eq!(column(&other, "SELECT 1").await, ["1"]);
+    // 16 MB, refused for its tokens: the big statement's time is its reading, nearly all.
+    let big = format!("SELECT 1{}", ",1".repeat(8 << 20));
+    let started = Instant::now();
+    let big_one = tokio::spawn(async move {
+        let e = big_client.simple_query(&big).await.expect_err("too big");
+        (sqlstate(&e), started.elapsed())
+    });
+    // Its bytes are on their way, and being read.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let asked = Instant::now();
+        assert_eq!(column(&other, "SELECT 1").await, ["1"]);
+        slowest = slowest.max(asked.elapsed());
+    }
+    let (code, took) = big_one.await.expect("big client");
+    assert_eq!(code, "54001");
+    eprintln!("the big statement took {took:?}; the other client's slowest answer {slowest:?}");
+    assert!(
+        slowest * 4 < took,
+        "the other client waited {slowest:?} for an answer while the big statement ({took:?}) was read"
+    );
+    server.stop().await;
+}
+
 /// Found by the wire fuzzer (tests/wire_fuzz): an 8 MB `SELECT 1,1,1,…` (4 million items)
 /// kept an engine thread planning for good, its memory growing past 7 GB, and no cancel
 /// reached it; refused after parsing, parsing alone still took gigabytes. Texts past 400,000

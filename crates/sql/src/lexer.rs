@@ -39,6 +39,12 @@ const HEAD_WORDS: usize = 12;
 /// statement ClickHouse reads at all.
 pub const FINGERPRINTED_BYTES: usize = 256 * 1024;
 
+/// A statement text longer than this is read (lexed, parsed) on a blocking thread rather than
+/// on the connection thread every client of it shares: reading costs ~75–300 instructions a
+/// byte, so a text of megabytes held the thread's other clients for a tenth of a second or
+/// more (BENCHMARKS.md, issue 38, session 37).
+pub const READ_APART_BYTES: usize = 256 * 1024;
+
 /// Splits `text` at top-level `;` (see the module docs for the quoting rules). Statements with
 /// nothing but whitespace and comments are left out. An unterminated quote or comment runs to
 /// the end of the text (the engine reports it).

@@ -166,14 +166,14 @@ struct Shape {
 /// Shapes a client keeps at most (then they are forgotten and read anew), and the longest
 /// text kept: the memo is for the statements a client repeats.
 /// A Query's or Parse's text longer than this is read (lexed, split into statements) on a
-/// blocking thread ([`Forwarder::read_ahead`]), not on the connection thread, which every
+/// blocking thread ([`Forwarder::route_raw_apart`]), not on the connection thread, which every
 /// client of the thread shares: reading costs ~75 instructions a byte, so an 8 MB statement
 /// held every other client of the thread ~0.1–0.2 s (release) where it now holds only its own.
-pub const READ_AHEAD_BYTES: usize = 256 * 1024;
+const READ_AHEAD_BYTES: usize = sluice_sql::lexer::READ_APART_BYTES;
 
-/// What a big Query's or Parse's text reads as, read ahead ([`Forwarder::read_ahead`]).
+/// What a long Query's or Parse's text reads as, read apart ([`Forwarder::route_raw_apart`]).
 #[derive(Debug)]
-pub(super) enum ReadAhead {
+pub enum ReadAhead {
     /// A Query's pieces ([`query_pieces`]).
     Query(Option<Vec<Piece>>),
     /// A Parse's statement ([`forwarded`]).
@@ -192,26 +192,59 @@ fn query_text(frame: &[u8]) -> Option<(std::borrow::Cow<'_, str>, bool)> {
     })
 }
 
-/// What [`Forwarder::route`] or [`Forwarder::route_raw`] would read of a Query's or a Parse's
-/// text; `None` for any other message, or one that cannot be read (routing says so).
-fn read_text(incoming: &crate::frame::Incoming) -> Option<ReadAhead> {
-    use crate::frame::Incoming;
-    match incoming {
-        Incoming::Raw(frame) => match frame.first() {
-            Some(b'Q') => Some(ReadAhead::Query(query_pieces(&query_text(frame)?.0))),
+/// A message whose text [`Forwarder::route`] or [`Forwarder::route_raw`] reads: how long it
+/// is, and what they would read of it (`None` for a message without such a text, or one that
+/// cannot be read: routing says so).
+pub trait AsText: Send + 'static {
+    fn text_len(&self) -> usize;
+    fn read_text(&self) -> Option<ReadAhead>;
+}
+
+impl AsText for BytesMut {
+    fn text_len(&self) -> usize {
+        self.len()
+    }
+
+    fn read_text(&self) -> Option<ReadAhead> {
+        match self.first() {
+            Some(b'Q') => Some(ReadAhead::Query(query_pieces(&query_text(self)?.0))),
             Some(b'P') => {
-                let (_, text) = parse_names(frame)?;
+                let (_, text) = parse_names(self)?;
                 Some(ReadAhead::Parse(forwarded(&String::from_utf8_lossy(
-                    &frame[text],
+                    &self[text],
                 ))))
             }
             _ => None,
-        },
-        Incoming::Message(PgWireFrontendMessage::Parse(p)) => {
-            Some(ReadAhead::Parse(forwarded(&p.query)))
         }
-        Incoming::Message(_) => None,
     }
+}
+
+impl AsText for PgWireFrontendMessage {
+    fn text_len(&self) -> usize {
+        match self {
+            PgWireFrontendMessage::Parse(p) => p.query.len(),
+            _ => 0,
+        }
+    }
+
+    fn read_text(&self) -> Option<ReadAhead> {
+        match self {
+            PgWireFrontendMessage::Parse(p) => Some(ReadAhead::Parse(forwarded(&p.query))),
+            _ => None,
+        }
+    }
+}
+
+/// Reads `message`'s text on a blocking thread; the message comes back with what was read.
+async fn read_apart<M: AsText>(message: M) -> (M, Option<ReadAhead>) {
+    tokio::task::spawn_blocking(move || {
+        // A panic is the lexer's bug, not the client's: the message is read again in line
+        // (where it would meet the same bug as any other message).
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| message.read_text()));
+        (message, read.ok().flatten())
+    })
+    .await
+    .expect("the reading catches its panics")
 }
 
 /// Where a raw Parse's statement name and text are.
@@ -515,34 +548,27 @@ impl Forwarder {
         }
     }
 
-    /// Whether `incoming` is long enough that [`Forwarder::read_ahead`] may read it apart (a
-    /// test of its length alone: the connection loop asks it of every message).
-    pub fn reads_ahead(incoming: &crate::frame::Incoming) -> bool {
-        match incoming {
-            crate::frame::Incoming::Raw(frame) => frame.len() > READ_AHEAD_BYTES,
-            crate::frame::Incoming::Message(PgWireFrontendMessage::Parse(p)) => {
-                p.query.len() > READ_AHEAD_BYTES
-            }
-            _ => false,
-        }
+    /// Whether `message` (a Query's or a Parse's bytes, or a decoded Parse) is long enough to
+    /// be read on a blocking thread ([`Forwarder::route_raw_apart`], [`Forwarder::route_apart`]):
+    /// a test of its length alone, asked of every message.
+    pub fn reads_apart<M: AsText>(message: &M) -> bool {
+        message.text_len() > READ_AHEAD_BYTES
     }
 
-    /// Reads the text of `incoming`, a message [`Forwarder::reads_ahead`] said is long, on a
-    /// blocking thread when it is a Query or a Parse, for the [`Forwarder::route`] or
-    /// [`Forwarder::route_raw`] of the message to take; the message goes there and back (no
-    /// copy of its text is made: it may be a gigabyte). Any other message is read in line.
-    pub async fn read_ahead(&mut self, incoming: crate::frame::Incoming) -> crate::frame::Incoming {
-        let (incoming, read) = tokio::task::spawn_blocking(move || {
-            // A panic is the lexer's bug, not the client's: the message is read again in line
-            // (where it would meet the same bug as any other message).
-            let read =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_text(&incoming)));
-            (incoming, read.ok().flatten())
-        })
-        .await
-        .expect("the reading catches its panics");
+    /// [`Forwarder::route_raw`] of a long message, its text read (lexed, split, classified) on
+    /// a blocking thread, not on the connection thread every client of it shares; the message
+    /// goes there and back (no copy of its text is made: it may be a gigabyte).
+    pub async fn route_raw_apart(&mut self, frame: BytesMut) -> RoutedRaw {
+        let (frame, read) = read_apart(frame).await;
         self.read_ahead = read;
-        incoming
+        self.route_raw(frame)
+    }
+
+    /// [`Forwarder::route`] of a long message, read as [`Forwarder::route_raw_apart`] reads.
+    pub async fn route_apart(&mut self, message: PgWireFrontendMessage) -> Routed {
+        let (message, read) = read_apart(message).await;
+        self.read_ahead = read;
+        self.route(message)
     }
 
     /// Where `message` goes. Called for every message in the order the client sent them, so
