@@ -154,6 +154,11 @@ pub(crate) enum TableArguments<'a> {
 /// each is announced as: `int8` when it is an argument of its own (`generate_series`'s integer
 /// form), the integer type it is cast to (`$1::int4`), unknown otherwise (`text`, read by
 /// the statement's own cast: `$1::timestamp`).
+///
+/// A SQL `PREPARE`'s statement is planned when it is prepared, before any value is known: its
+/// table functions' placeholders are written in as ones whatever `arguments` says (the plan
+/// is kept for its columns and its other parameters' types; its `EXECUTE` plans the statement
+/// again with the values, from [`prepared_text`]).
 pub(crate) fn table_function_placeholders(
     statement: &mut datafusion::sql::parser::Statement,
     arguments: TableArguments<'_>,
@@ -163,17 +168,16 @@ pub(crate) fn table_function_placeholders(
         DataType, Expr, FunctionArg, FunctionArgExpr, TableFactor, Value, VisitMut, VisitorMut,
     };
     use std::ops::ControlFlow;
-    if matches!(arguments, TableArguments::Leave) {
-        return Vec::new();
-    }
     let datafusion::sql::parser::Statement::Statement(inner) = statement else {
         return Vec::new();
     };
-    // A prepared statement keeps its placeholders for EXECUTE: never bound here.
-    if matches!(
-        inner.as_ref(),
-        datafusion::sql::sqlparser::ast::Statement::Prepare { .. }
-    ) {
+    let (inner, arguments) = match inner.as_mut() {
+        datafusion::sql::sqlparser::ast::Statement::Prepare { statement, .. } => {
+            (statement.as_mut(), TableArguments::Typed)
+        }
+        inner => (inner, arguments),
+    };
+    if matches!(arguments, TableArguments::Leave) {
         return Vec::new();
     }
     fn number(e: &Expr) -> Option<usize> {
@@ -288,6 +292,21 @@ pub(crate) fn table_function_placeholders(
     };
     let _ = inner.visit(&mut visitor);
     visitor.found
+}
+
+/// The text of a SQL `PREPARE`'s statement as the client wrote it (before any rewrite), for
+/// its `EXECUTE` to plan again when a table function takes its placeholders
+/// ([`table_function_placeholders`]); `None` for any other statement.
+pub(crate) fn prepared_text(statement: &datafusion::sql::parser::Statement) -> Option<String> {
+    match statement {
+        datafusion::sql::parser::Statement::Statement(inner) => match inner.as_ref() {
+            datafusion::sql::sqlparser::ast::Statement::Prepare { statement, .. } => {
+                Some(statement.to_string())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// `value` as SQL text's literal: numbers and booleans as themselves, anything else as its

@@ -157,7 +157,7 @@ impl Embedded {
                 generation: self.generation.clone(),
                 planning: tokio::sync::Mutex::new(Planning::of(&state)),
                 ctx: SessionContext::new_with_state(state),
-                prepared_columns: std::sync::Mutex::default(),
+                prepared: std::sync::Mutex::default(),
             }),
             runtime: self.runtime.clone(),
         }
@@ -229,9 +229,33 @@ pub(crate) struct SessionInner {
     /// A connection runs one statement at a time, so the lock is never contended.
     pub(crate) planning: tokio::sync::Mutex<Planning>,
     generation: Arc<AtomicU64>,
-    /// The Postgres column names of each statement SQL's PREPARE made, by name: its EXECUTE
-    /// is planned from DataFusion's prepared plan, which keeps DataFusion's names.
-    prepared_columns: std::sync::Mutex<std::collections::HashMap<String, Names>>,
+    /// What sluice keeps of each statement SQL's PREPARE made, by name (DataFusion keeps the
+    /// plan).
+    prepared: std::sync::Mutex<std::collections::HashMap<String, Prepared>>,
+}
+
+/// A statement SQL's PREPARE made, as sluice keeps it beside DataFusion's prepared plan.
+#[derive(Clone)]
+struct Prepared {
+    /// Its columns' Postgres names: its EXECUTE is planned from DataFusion's prepared plan,
+    /// which keeps DataFusion's names.
+    names: Names,
+    /// When a table function takes its placeholders: DataFusion's plan has those as ones (it
+    /// calls a table function when it plans, with values only), so its EXECUTE plans the
+    /// statement again with the values bound.
+    replanned: Option<Replanned>,
+}
+
+/// A prepared statement its EXECUTE plans again ([`Prepared::replanned`]).
+#[derive(Clone)]
+struct Replanned {
+    /// The statement as written.
+    text: String,
+    /// The types PREPARE declared, the values are cast to (none: as written).
+    types: Vec<DataType>,
+    /// How many values an EXECUTE gives: the declared types or the highest placeholder,
+    /// whichever is more (as PostgreSQL counts them).
+    values: usize,
 }
 
 /// The Postgres names of a result's columns (see [`crate::compat::column_names`]).
@@ -533,6 +557,44 @@ fn parameter_types(plan: &LogicalPlan) -> Result<Vec<Option<DataType>>> {
     Ok(out)
 }
 
+/// The values of an `EXECUTE`, as DataFusion reads them for a prepared plan: each simplified
+/// to a literal (anything else is refused, as DataFusion refuses it), then cast to the type
+/// `PREPARE` declared for it (when it declared any; a count that differs is DataFusion's
+/// error, given by the caller).
+fn execute_values(
+    state: &SessionState,
+    parameters: &[datafusion::logical_expr::Expr],
+    types: &[DataType],
+) -> Result<Vec<ScalarValue>> {
+    use datafusion::logical_expr::simplify::SimplifyContext;
+    use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+    let context = SimplifyContext::builder()
+        .with_config_options(Arc::clone(state.config_options()))
+        .with_query_execution_start_time(state.execution_props().query_execution_start_time)
+        .build();
+    let simplifier = ExprSimplifier::new(context);
+    parameters
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let value = match simplifier.simplify(e.clone()).map_err(df)? {
+                datafusion::logical_expr::Expr::Literal(value, _) => value,
+                e => {
+                    return Err(Error::new(
+                        ErrorCode::BadArguments,
+                        format!("EXECUTE takes values only: parameter ${} is {e}", i + 1),
+                    )
+                    .with_sqlstate("0A000"))
+                }
+            };
+            match types.get(i) {
+                Some(ty) => value.cast_to(ty).map_err(df),
+                None => Ok(value),
+            }
+        })
+        .collect()
+}
+
 /// Binds `params` into `plan`, each cast to the type the plan gives its placeholder (the
 /// column it is compared with or written into), as PostgreSQL casts a parameter to its
 /// inferred type: a driver that sends an `int2` for an `INT` column writes an `INT`.
@@ -740,17 +802,51 @@ impl SessionInner {
                         true => TableArguments::Leave,
                         false => TableArguments::Bound(&params),
                     };
-                    let Planned { plan, names, .. } = plan(&active.state, sql, arguments).await?;
-                    let plan = if params.is_empty() {
+                    let Planned {
+                        plan,
+                        names,
+                        replanned,
+                        ..
+                    } = plan(&active.state, sql, arguments).await?;
+                    let mut plan = if params.is_empty() {
                         plan
                     } else {
                         bind(plan, params)?
                     };
-                    // A PREPARE's column names, kept for its EXECUTEs once it is applied.
-                    if let LogicalPlan::Statement(Statement::Prepare(p)) = &plan {
-                        prepares = Some((p.name.clone(), names.clone()));
+                    // What sluice keeps of a PREPARE, once it is applied; a DEALLOCATE's
+                    // statement forgotten.
+                    match &mut plan {
+                        LogicalPlan::Statement(Statement::Prepare(p)) => {
+                            let replanned = match replanned {
+                                Some((text, highest)) => {
+                                    // Its declared types are sluice's to cast to: DataFusion
+                                    // would count them against the placeholders its plan
+                                    // still has (none where a table function took them).
+                                    let types: Vec<DataType> = std::mem::take(&mut p.fields)
+                                        .iter()
+                                        .map(|f| f.data_type().clone())
+                                        .collect();
+                                    let elsewhere = parameter_types(&p.input)?.len();
+                                    Some(Replanned {
+                                        text,
+                                        values: types.len().max(highest).max(elsewhere),
+                                        types,
+                                    })
+                                }
+                                None => None,
+                            };
+                            let prepared = Prepared {
+                                names: names.clone(),
+                                replanned,
+                            };
+                            prepares = Some((p.name.clone(), Some(prepared)));
+                        }
+                        LogicalPlan::Statement(Statement::Deallocate(d)) => {
+                            prepares = Some((d.name.clone(), None));
+                        }
+                        _ => {}
                     }
-                    let (plan, names) = self.prepared_in_place(plan, names).await?;
+                    let (plan, names) = self.prepared_in_place(&active.state, plan, names).await?;
                     let schema = postgres_names(plan.schema().as_arrow(), names.clone());
                     (plan, names, schema)
                 }
@@ -846,11 +942,12 @@ impl SessionInner {
                 // SET and DDL may have changed the session: plan with what it is now.
                 *self.planning.lock().await = Planning::of(&self.ctx.state());
                 let batches = batches.map_err(df)?;
-                if let Some((name, names)) = prepares {
-                    self.prepared_columns
-                        .lock()
-                        .expect("prepared columns")
-                        .insert(name, names);
+                if let Some((name, prepared)) = prepares {
+                    let mut kept = self.prepared.lock().expect("prepared statements");
+                    match prepared {
+                        Some(prepared) => kept.insert(name, prepared),
+                        None => kept.remove(&name),
+                    };
                 }
                 Ok(Started::Done(match answer {
                     Answer::Tag(tag, counted) => QueryOutput::Command {
@@ -875,23 +972,46 @@ impl SessionInner {
     /// statement PREPARE was given (`?column?`, `count`, not DataFusion's).
     async fn prepared_in_place(
         &self,
+        state: &SessionState,
         plan: LogicalPlan,
         names: Names,
     ) -> Result<(LogicalPlan, Names)> {
         let LogicalPlan::Statement(Statement::Execute(execute)) = &plan else {
             return Ok((plan, names));
         };
-        let names = self
-            .prepared_columns
+        let kept = self
+            .prepared
             .lock()
-            .expect("prepared columns")
+            .expect("prepared statements")
             .get(&execute.name)
-            .cloned()
-            .flatten();
-        // DataFusion binds the values into the prepared plan (casting them to the types
-        // PREPARE declared) and runs nothing until the frame is collected.
-        let frame = self.ctx.execute_logical_plan(plan).await.map_err(df)?;
-        Ok((frame.into_unoptimized_plan(), names))
+            .cloned();
+        let Some(Prepared {
+            replanned: Some(replanned),
+            ..
+        }) = kept
+        else {
+            // DataFusion binds the values into the prepared plan (casting them to the types
+            // PREPARE declared) and runs nothing until the frame is collected.
+            let frame = self.ctx.execute_logical_plan(plan).await.map_err(df)?;
+            return Ok((frame.into_unoptimized_plan(), kept.and_then(|k| k.names)));
+        };
+        // Planned again with its values, read as DataFusion reads them.
+        if execute.parameters.len() != replanned.values {
+            return Err(df(DataFusionError::Execution(format!(
+                "Prepared statement '{}' expects {} parameters, but {} provided",
+                execute.name,
+                replanned.values,
+                execute.parameters.len()
+            ))));
+        }
+        let values = execute_values(state, &execute.parameters, &replanned.types)?;
+        let planned = Box::pin(crate::embedded::plan(
+            state,
+            &replanned.text,
+            TableArguments::Bound(&values),
+        ))
+        .await?;
+        Ok((bind(planned.plan, values)?, planned.names))
     }
 
     /// The result columns of a statement, planned but not run (DDL is not executed); `None`
@@ -902,7 +1022,7 @@ impl SessionInner {
             return Ok(columns);
         }
         let Planned { plan, names, .. } = plan(&planning.state, sql, TableArguments::Typed).await?;
-        let (plan, names) = self.prepared_in_place(plan, names).await?;
+        let (plan, names) = self.prepared_in_place(&planning.state, plan, names).await?;
         if !matches!(answer(&plan, sql), Answer::Rows) {
             return Ok(None);
         }
@@ -931,6 +1051,10 @@ struct Planned {
     /// Placeholders written into table functions' arguments, by number, with the type each
     /// is announced as ([`crate::compat::table_function_placeholders`]).
     written_in: Vec<(usize, Option<DataType>)>,
+    /// A SQL `PREPARE` whose table functions take placeholders: its statement's text, planned
+    /// again by each `EXECUTE` with the values ([`Prepared::replanned`]), and the highest of
+    /// those placeholders.
+    replanned: Option<(String, usize)>,
 }
 
 /// Parses and plans one statement; `arguments` says what becomes of placeholders among a
@@ -956,6 +1080,11 @@ async fn plan(
         read(state, sql)?
     };
     crate::compat::check_size(&statement)?;
+    // A PREPARE's text as written, before the rewrites below.
+    let prepared_text = sql
+        .contains('$')
+        .then(|| crate::compat::prepared_text(&statement))
+        .flatten();
     if let datafusion::sql::parser::Statement::Statement(inner) = &mut statement {
         postgres_series(inner);
     }
@@ -963,6 +1092,14 @@ async fn plan(
         crate::compat::table_function_placeholders(&mut statement, arguments)
     } else {
         Vec::new()
+    };
+    // A PREPARE's placeholders are its EXECUTE's to bind, not the protocol's.
+    let (written_in, replanned) = match prepared_text {
+        Some(text) => {
+            let highest = written_in.iter().map(|(n, _)| *n).max();
+            (Vec::new(), highest.map(|highest| (text, highest)))
+        }
+        None => (written_in, None),
     };
     // Named before the catalog rewrites, which alias and replace items Postgres names by
     // what the client wrote.
@@ -981,5 +1118,6 @@ async fn plan(
         plan,
         names,
         written_in,
+        replanned,
     })
 }

@@ -819,4 +819,15 @@ async fn an_executed_statement_names_its_columns_as_postgres() {
     assert_eq!(names, ["?column?", "count", "shout"]);
     let rows = client.query(&statement, &[]).await.expect("execute");
     assert_eq!(rows[0].get::<_, i64>(0), 2);
+    // A table function that takes the placeholder: planned again with the value, described
+    // and run alike.
+    client
+        .batch_execute("PREPARE upto(int) AS SELECT count(*), sum(g) AS total FROM generate_series(1, $1) AS t(g)")
+        .await
+        .expect("prepare a table function's placeholder");
+    let statement = client.prepare("EXECUTE upto(4)").await.expect("describe");
+    let names: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["count", "total"]);
+    let row = client.query_one(&statement, &[]).await.expect("execute");
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (4, 10));
 }
