@@ -254,13 +254,7 @@ async fn preemptive_with(
             quantum_ns: 10_000_000,
             preemption_timeout_ms: timeout_ms,
         },
-        ..sluice_server::ServerOptions::new(
-            dir.path(),
-            sluice_sched::Machine {
-                cores: 4,
-                memory: 1 << 34,
-            },
-        )
+        ..test_options(dir.path())
     })
     .await;
     let admin = server.client().await;

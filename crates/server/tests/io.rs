@@ -8,7 +8,6 @@ mod support;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use sluice_sched::Machine;
 use sluice_server::ServerOptions;
 use support::*;
 
@@ -40,13 +39,7 @@ async fn a_throttled_workload_reads_at_its_rate_beside_a_full_speed_one() {
         disks: [("data".to_string(), disk.path().to_path_buf())]
             .into_iter()
             .collect(),
-        ..ServerOptions::new(
-            dir.path(),
-            Machine {
-                cores: 4,
-                memory: 1 << 34,
-            },
-        )
+        ..test_options(dir.path())
     })
     .await;
     let admin = server.client().await;

@@ -8,22 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use sluice_sched::Machine;
 use sluice_server::auth::{make_verifier, User};
 use sluice_server::ServerOptions;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
-
-fn options(dir: &std::path::Path) -> ServerOptions {
-    ServerOptions::new(
-        dir,
-        Machine {
-            cores: 4,
-            memory: 1 << 34,
-        },
-    )
-}
 
 fn user(name: &str, password: &str) -> User {
     User {
@@ -49,7 +38,7 @@ async fn with_users(users: Vec<User>) -> (tempfile::TempDir, TestServer) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
         users,
-        ..options(dir.path())
+        ..test_options(dir.path())
     })
     .await;
     (dir, server)
@@ -77,7 +66,7 @@ async fn users_authenticate_with_scram_and_only_admins_change_workloads() {
                 ..user("dana", "dana-pw")
             },
         ],
-        ..options(dir.path())
+        ..test_options(dir.path())
     })
     .await;
     // The verifier is all that is stored; a wrong password, or an unknown user, is refused.
@@ -226,7 +215,7 @@ async fn one_slot(grace: Duration) -> (tempfile::TempDir, TestServer, Client) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
         shutdown_grace: grace,
-        ..options(dir.path())
+        ..test_options(dir.path())
     })
     .await;
     let admin = server.client().await;
@@ -306,7 +295,7 @@ async fn scrape(port: u16, request: &str) -> String {
 #[tokio::test]
 async fn metrics_count_admissions_rejections_and_waits() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(options(dir.path())).await;
+    let server = TestServer::start_with(test_options(dir.path())).await;
     let metrics_port = serve_http(&server).await;
     let admin = server.client().await;
     admin
@@ -702,7 +691,7 @@ async fn the_grafana_dashboard_names_only_exported_metrics() {
 
     // What a running server exports, with a workload that has run a query.
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start_with(options(dir.path())).await;
+    let server = TestServer::start_with(test_options(dir.path())).await;
     let metrics_port = serve_http(&server).await;
     let admin = server.client().await;
     admin

@@ -21,17 +21,23 @@ pub struct TestServer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The machine the tests' servers take themselves to run on, whatever this one is: the
+/// trees' limits that are ratios of it come out the same everywhere.
+pub const TEST_MACHINE: Machine = Machine {
+    cores: 4,
+    memory: 1 << 34,
+};
+
+/// A server's options on [`TEST_MACHINE`], its catalog in `data_dir`.
+pub fn test_options(data_dir: &std::path::Path) -> ServerOptions {
+    ServerOptions::new(data_dir, TEST_MACHINE)
+}
+
 impl TestServer {
     pub async fn start(data_dir: &std::path::Path, throw_on_unknown_workload: bool) -> TestServer {
         TestServer::start_with(ServerOptions {
             throw_on_unknown_workload,
-            ..ServerOptions::new(
-                data_dir,
-                Machine {
-                    cores: 4,
-                    memory: 1 << 34,
-                },
-            )
+            ..test_options(data_dir)
         })
         .await
     }
@@ -239,4 +245,15 @@ pub async fn psql(conn: &str, env: &[(&str, &str)], sql: &str) -> std::process::
         .await
         .expect("psql's thread")
         .expect("psql runs (the machine's PostgreSQL client)")
+}
+
+/// That a statement read apart held no other client of its connection thread: the other
+/// client's slowest answer while it was read (`slowest`) is under a quarter of the statement's
+/// own time (`took`). Read in line, the other client waits for most of it.
+pub fn assert_thread_not_held(slowest: Duration, took: Duration) {
+    eprintln!("the big statement took {took:?}; the other client's slowest answer {slowest:?}");
+    assert!(
+        slowest * 4 < took,
+        "the other client waited {slowest:?} for an answer while the big statement ({took:?}) was read"
+    );
 }
