@@ -310,7 +310,8 @@ pub(crate) fn prepared_text(statement: &datafusion::sql::parser::Statement) -> O
 }
 
 /// `value` as SQL text's literal: numbers and booleans as themselves, anything else as its
-/// text (a string literal, which the cast the statement puts on it reads).
+/// text (a string literal, which the cast the statement puts on it reads: a `PREPARE`'s
+/// values come cast to the types it declared, a timestamp as a timestamp).
 fn literal(value: &datafusion::common::ScalarValue) -> datafusion::sql::sqlparser::ast::Expr {
     use datafusion::common::ScalarValue as S;
     use datafusion::sql::sqlparser::ast::{Expr, UnaryOperator, Value};
@@ -340,7 +341,16 @@ fn literal(value: &datafusion::common::ScalarValue) -> datafusion::sql::sqlparse
         S::Utf8(Some(text)) | S::LargeUtf8(Some(text)) | S::Utf8View(Some(text)) => {
             Expr::value(Value::SingleQuotedString(text.clone()))
         }
-        other => Expr::value(Value::SingleQuotedString(other.to_string())),
+        // As Arrow shows it (`2026-01-01T00:00:00`), which a cast reads back: a scalar's own
+        // text is its storage for some types (a timestamp's nanoseconds).
+        other => {
+            let shown = other.to_array().ok().and_then(|array| {
+                datafusion::arrow::util::display::array_value_to_string(&array, 0).ok()
+            });
+            Expr::value(Value::SingleQuotedString(
+                shown.unwrap_or_else(|| other.to_string()),
+            ))
+        }
     }
 }
 
