@@ -12,6 +12,9 @@
 # of each figure, and of the per-round ratios: on a machine whose neighbours come and go, two
 # runs side by side in the same round see the same noise, two minutes apart they do not.
 #
+# PROTOCOLS="simple" and CLIENTS="1 16" run only those rows (defaults: simple prepared; 1 16
+# 64), to look closer at one cell with more rounds.
+#
 # SLUICE_BIN=path uses that binary instead of building one. Needs pgbench, pgbouncer
 # (Debian's `pgbouncer`) and PostgreSQL's server binaries. Everything runs on loopback, in a
 # temp dir. Every pool (PgBouncer's and sluice's) is 64 connections, so session pooling can
@@ -90,8 +93,8 @@ echo "TPS marked ! : transactions failed or clients aborted in that run (not com
 echo
 echo "| protocol | clients | pooling | direct TPS | PgBouncer TPS | sluice TPS | sluice/PgBouncer | sluice/direct | PgBouncer p50 / p99 ms | sluice p50 / p99 ms | direct p50 / p99 ms |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for mode in simple prepared; do
-  for clients in 1 16 64; do
+for mode in ${PROTOCOLS:-simple prepared}; do
+  for clients in ${CLIENTS:-1 16 64}; do
     direct=(); b_session=(); s_session=(); b_transaction=(); s_transaction=()
     for _ in $(seq "$rounds"); do
       direct+=("$(run "$pg_port" "$mode" "$clients")")

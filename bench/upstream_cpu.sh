@@ -12,7 +12,8 @@
 # only in interleaved runs: on a shared machine TPS moves with the neighbours).
 #
 # SPLIT=1 shows each cell as "total (user + system)" µs, the process's utime and stime apart
-# (tick-sampled by the kernel: the split is rough, the sum is the figure).
+# (tick-sampled by the kernel: the split is rough, the sum is the figure). FAULTS=1 adds the
+# process's minor page faults per transaction as "[faults]": kernel time no system call shows.
 #
 # SLUICE_BIN=path uses that binary instead of building one; SLUICE_BASELINE_BIN=path adds a
 # second sluice (an older build) to the table; RELAYS=1 adds the bare relays of
@@ -32,8 +33,8 @@ release_sluice
 
 start_pgbench_postgres "$pg_port" 200
 
-# CPU ticks of a process: user, system.
-ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# CPU ticks of a process: user, system; and its minor page faults.
+ticks() { awk '{print $14, $15, $10}' "/proc/$1/stat"; }
 
 # cpu_per_xact PID PORT PROTOCOL -> "µs_per_transaction transactions"
 cpu_per_xact() {
@@ -43,11 +44,11 @@ cpu_per_xact() {
   # A short warm-up: connections opened, statements prepared, caches filled.
   PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T 2 "${throttle[@]}" \
     -h 127.0.0.1 -p "$port" -U bench postgres >/dev/null 2>&1 || true
-  local user0 sys0 user1 sys1
-  read -r user0 sys0 < <(ticks "$pid")
+  local user0 sys0 user1 sys1 flt0 flt1
+  read -r user0 sys0 flt0 < <(ticks "$pid")
   out=$(PGOPTIONS="$opts" pgbench -n -S -M "$protocol" -c "$clients" -j "$clients" -T "$seconds" "${throttle[@]}" \
       -h 127.0.0.1 -p "$port" -U bench postgres 2>&1 || true)
-  read -r user1 sys1 < <(ticks "$pid")
+  read -r user1 sys1 flt1 < <(ticks "$pid")
   xacts=$(echo "$out" | awk '/^number of transactions actually processed/ {print $6}' | cut -d/ -f1)
   if [ -z "$xacts" ] || [ "$xacts" = 0 ]; then
     echo "bench: pgbench against port $port ($protocol) failed:" >&2
@@ -57,9 +58,11 @@ cpu_per_xact() {
   local hz
   hz=$(getconf CLK_TCK)
   awk -v u=$((user1 - user0)) -v s=$((sys1 - sys0)) -v hz="$hz" -v n="$xacts" -v apart="${SPLIT:-}" \
+    -v f=$((flt1 - flt0)) -v faults="${FAULTS:-}" \
     'BEGIN {
        total = sprintf("%.1f", (u + s) / hz * 1e6 / n)
        if (apart != "") total = total "(" sprintf("%.0f+%.0f", u / hz * 1e6 / n, s / hz * 1e6 / n) ")"
+       if (faults != "") total = total "[" sprintf("%.3f", f / n) "]"
        printf "%s %d\n", total, n
      }'
 }
