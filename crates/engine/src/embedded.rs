@@ -817,6 +817,19 @@ impl SessionInner {
                     // statement forgotten.
                     match &mut plan {
                         LogicalPlan::Statement(Statement::Prepare(p)) => {
+                            // Said before DataFusion's own checks, which count the declared
+                            // types first and answer a name taken with a count's error.
+                            if self
+                                .prepared
+                                .lock()
+                                .expect("prepared statements")
+                                .contains_key(&p.name)
+                            {
+                                return Err(df(DataFusionError::Execution(format!(
+                                    "Prepared statement '{}' already exists",
+                                    p.name
+                                ))));
+                            }
                             let replanned = match replanned {
                                 Some((text, highest)) => {
                                     // Its declared types are sluice's to cast to: DataFusion

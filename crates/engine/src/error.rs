@@ -54,6 +54,17 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
             )
             .with_sqlstate("26000");
         }
+        // PREPARE of a name prepared already: duplicate_prepared_statement.
+        DataFusionError::Execution(m)
+            if m.starts_with("Prepared statement '") && m.ends_with("' already exists") =>
+        {
+            let name = &m["Prepared statement '".len()..m.len() - "' already exists".len()];
+            return Error::new(
+                ErrorCode::BadArguments,
+                format!("prepared statement \"{name}\" already exists"),
+            )
+            .with_sqlstate("42P05");
+        }
         // A statement's own runtime failure (a bad argument to a function, say): the user's.
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
