@@ -171,11 +171,17 @@ pub(crate) fn table_function_placeholders(
     let datafusion::sql::parser::Statement::Statement(inner) = statement else {
         return Vec::new();
     };
-    let (inner, arguments) = match inner.as_mut() {
-        datafusion::sql::sqlparser::ast::Statement::Prepare { statement, .. } => {
-            (statement.as_mut(), TableArguments::Typed)
-        }
-        inner => (inner, arguments),
+    let (inner, arguments, declared) = match inner.as_mut() {
+        datafusion::sql::sqlparser::ast::Statement::Prepare {
+            statement,
+            data_types,
+            ..
+        } => (
+            statement.as_mut(),
+            TableArguments::Typed,
+            data_types.clone(),
+        ),
+        inner => (inner, arguments, Vec::new()),
     };
     if matches!(arguments, TableArguments::Leave) {
         return Vec::new();
@@ -200,8 +206,28 @@ pub(crate) fn table_function_placeholders(
             _ => None,
         }
     }
+    /// A value of the SQL type `t` to plan with when it is not a number: a `PREPARE`'s
+    /// placeholder declared `timestamp` is written in as a timestamp, so that the statement's
+    /// own arithmetic on it (`$1 + interval '2 day'`) plans.
+    fn sample(t: &DataType) -> Option<Expr> {
+        let value = match t {
+            DataType::Date | DataType::Datetime(_) | DataType::Timestamp(..) => "2000-01-01",
+            DataType::Time(..) => "00:00:00",
+            DataType::Interval { .. } => "1 day",
+            _ => return None,
+        };
+        Some(Expr::Cast {
+            kind: datafusion::sql::sqlparser::ast::CastKind::Cast,
+            expr: Box::new(Expr::value(Value::SingleQuotedString(value.into()))),
+            data_type: t.clone(),
+            array: false,
+            format: None,
+        })
+    }
     struct Arguments<'a> {
         arguments: TableArguments<'a>,
+        /// The types a `PREPARE` declared (`$1` the first).
+        declared: Vec<DataType>,
         found: Vec<(usize, Option<Arrow>)>,
     }
     impl Arguments<'_> {
@@ -213,7 +239,11 @@ pub(crate) fn table_function_placeholders(
                 // A one, not a NULL (DataFusion's integer series takes an untyped NULL only,
                 // and a NULL under the statement's cast, `$1::int4`, is typed) nor a zero (a
                 // step of zero is refused).
-                TableArguments::Typed => Expr::value(Value::Number("1".into(), false)),
+                TableArguments::Typed => self
+                    .declared
+                    .get(n - 1)
+                    .and_then(sample)
+                    .unwrap_or_else(|| Expr::value(Value::Number("1".into(), false))),
                 TableArguments::Bound(values) => match values.get(n - 1) {
                     Some(value) => literal(value),
                     // No value: left for binding to say so.
@@ -288,6 +318,7 @@ pub(crate) fn table_function_placeholders(
     }
     let mut visitor = Arguments {
         arguments,
+        declared,
         found: Vec::new(),
     };
     let _ = inner.visit(&mut visitor);
@@ -342,16 +373,47 @@ fn literal(value: &datafusion::common::ScalarValue) -> datafusion::sql::sqlparse
             Expr::value(Value::SingleQuotedString(text.clone()))
         }
         // As Arrow shows it (`2026-01-01T00:00:00`), which a cast reads back: a scalar's own
-        // text is its storage for some types (a timestamp's nanoseconds).
+        // text is its storage for some types (a timestamp's nanoseconds). A date, time or
+        // interval is cast back to its type, so that the statement need not cast it itself
+        // (`$1 + interval '2 day'`).
         other => {
             let shown = other.to_array().ok().and_then(|array| {
                 datafusion::arrow::util::display::array_value_to_string(&array, 0).ok()
             });
-            Expr::value(Value::SingleQuotedString(
+            let text = Expr::value(Value::SingleQuotedString(
                 shown.unwrap_or_else(|| other.to_string()),
-            ))
+            ));
+            match temporal_type(&other.data_type()) {
+                Some(data_type) => Expr::Cast {
+                    kind: datafusion::sql::sqlparser::ast::CastKind::Cast,
+                    expr: Box::new(text),
+                    data_type,
+                    array: false,
+                    format: None,
+                },
+                None => text,
+            }
         }
     }
+}
+
+/// The SQL type of an Arrow date, time, timestamp or interval, as a cast names it.
+fn temporal_type(
+    t: &datafusion::arrow::datatypes::DataType,
+) -> Option<datafusion::sql::sqlparser::ast::DataType> {
+    use datafusion::arrow::datatypes::DataType as Arrow;
+    use datafusion::sql::sqlparser::ast::{DataType, TimezoneInfo};
+    Some(match t {
+        Arrow::Date32 | Arrow::Date64 => DataType::Date,
+        Arrow::Time32(_) | Arrow::Time64(_) => DataType::Time(None, TimezoneInfo::None),
+        Arrow::Timestamp(_, None) => DataType::Timestamp(None, TimezoneInfo::None),
+        Arrow::Timestamp(_, Some(_)) => DataType::Timestamp(None, TimezoneInfo::Tz),
+        Arrow::Interval(_) => DataType::Interval {
+            fields: None,
+            precision: None,
+        },
+        _ => return None,
+    })
 }
 
 /// Types the placeholder of `x = ANY($n)` (and `x <> ALL($n)`; DataFusion plans both with

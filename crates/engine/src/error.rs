@@ -10,6 +10,11 @@ use sluice_sql::{Error, ErrorCode};
 pub fn from_datafusion(e: &DataFusionError) -> Error {
     let text = e.to_string();
     let root = e.find_root();
+    if let DataFusionError::Execution(m) = root {
+        if let Some(error) = prepared_name_error(m) {
+            return error;
+        }
+    }
     let (code, sqlstate) = match root {
         DataFusionError::SQL(p, _) if matches!(**p, ParserError::RecursionLimitExceeded) => {
             (ErrorCode::TooDeepAst, None)
@@ -42,29 +47,6 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
             ArrowError::ArithmeticOverflow(_) => (ErrorCode::BadArguments, Some("22003")),
             _ => (ErrorCode::InternalError, None),
         },
-        // EXECUTE or DEALLOCATE of a name never prepared (or deallocated):
-        // invalid_sql_statement_name, which drivers act on.
-        DataFusionError::Execution(m)
-            if m.starts_with("Prepared statement '") && m.ends_with("' does not exist") =>
-        {
-            let name = &m["Prepared statement '".len()..m.len() - "' does not exist".len()];
-            return Error::new(
-                ErrorCode::BadArguments,
-                format!("prepared statement \"{name}\" does not exist"),
-            )
-            .with_sqlstate("26000");
-        }
-        // PREPARE of a name prepared already: duplicate_prepared_statement.
-        DataFusionError::Execution(m)
-            if m.starts_with("Prepared statement '") && m.ends_with("' already exists") =>
-        {
-            let name = &m["Prepared statement '".len()..m.len() - "' already exists".len()];
-            return Error::new(
-                ErrorCode::BadArguments,
-                format!("prepared statement \"{name}\" already exists"),
-            )
-            .with_sqlstate("42P05");
-        }
         // A statement's own runtime failure (a bad argument to a function, say): the user's.
         DataFusionError::Execution(_) => (ErrorCode::BadArguments, None),
         _ => (ErrorCode::InternalError, None),
@@ -80,6 +62,34 @@ pub fn from_datafusion(e: &DataFusionError) -> Error {
         Some(s) => error.with_sqlstate(s),
         None => error,
     }
+}
+
+/// DataFusion's two complaints about a prepared statement's name (its own words end in
+/// these), each with the SQLSTATE drivers act on.
+const PREPARED_NAME_ERRORS: [(&str, &str); 2] = [
+    // EXECUTE or DEALLOCATE of a name never prepared (or deallocated):
+    // invalid_sql_statement_name.
+    ("does not exist", "26000"),
+    // PREPARE of a name prepared already: duplicate_prepared_statement.
+    ("already exists", "42P05"),
+];
+
+/// `Prepared statement 'p' does not exist` as PostgreSQL words it:
+/// `prepared statement "p" does not exist`.
+fn prepared_name_error(message: &str) -> Option<Error> {
+    let rest = message.strip_prefix("Prepared statement '")?;
+    PREPARED_NAME_ERRORS
+        .iter()
+        .find_map(|&(complaint, sqlstate)| {
+            let name = rest.strip_suffix(complaint)?.strip_suffix("' ")?;
+            Some(
+                Error::new(
+                    ErrorCode::BadArguments,
+                    format!("prepared statement \"{name}\" {complaint}"),
+                )
+                .with_sqlstate(sqlstate),
+            )
+        })
 }
 
 /// A statement whose engine task panicked: the panic is contained (the server and the other
@@ -112,5 +122,16 @@ mod tests {
         assert_eq!(from_datafusion(&deep).sqlstate(), "54001");
         let missing = DataFusionError::Plan("table 'x' not found".into());
         assert_eq!(from_datafusion(&missing).sqlstate(), "42P01");
+        let unknown = DataFusionError::Execution("Prepared statement 'p' does not exist".into());
+        let unknown = from_datafusion(&unknown);
+        assert_eq!(unknown.sqlstate(), "26000");
+        assert!(unknown
+            .to_string()
+            .contains(r#"prepared statement "p" does not exist"#));
+        let again = DataFusionError::Execution("Prepared statement 'q' already exists".into());
+        assert_eq!(from_datafusion(&again).sqlstate(), "42P05");
+        let other = DataFusionError::Execution("Prepared statement 'r' is odd".into());
+        assert_eq!(from_datafusion(&other).code, ErrorCode::BadArguments);
+        assert_ne!(from_datafusion(&other).sqlstate(), "26000");
     }
 }
