@@ -337,6 +337,10 @@ pub struct Admission {
     /// The fingerprints of the statements this connection ran lately, by text with literals
     /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
     fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>>,
+    /// The fingerprints of the long statements the connection last read on a blocking thread
+    /// ([`Admission::keep_read_apart`]), by the statement's own text (the same `Arc`): taken
+    /// once, by the statement's admission.
+    read_apart: Mutex<Vec<(Arc<str>, Arc<sluice_sql::Fingerprint>)>>,
     /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
     peer: Option<std::net::IpAddr>,
     /// The database named at start-up, for classifiers' `database`.
@@ -415,6 +419,7 @@ impl Admission {
             cancel: std::sync::OnceLock::new(),
             terminate: Arc::default(),
             fingerprints: Mutex::default(),
+            read_apart: Mutex::default(),
             peer: None,
             database: std::sync::OnceLock::new(),
             user: std::sync::OnceLock::new(),
@@ -853,6 +858,13 @@ impl Admission {
     /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
     /// statement run with new values each time (most are) is lexed for it once.
     fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
+        // A text read apart was fingerprinted there; keyed here, it would be copied.
+        if query.text.len() > sluice_sql::lexer::READ_APART_BYTES {
+            let mut kept = self.read_apart.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = kept.iter().position(|(t, _)| Arc::ptr_eq(t, &query.text)) {
+                return kept.swap_remove(at).1;
+            }
+        }
         let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
         let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = kept.get(key.as_ref()) {
@@ -864,6 +876,14 @@ impl Admission {
         }
         kept.insert(key.into_owned(), f.clone());
         f
+    }
+
+    /// Keeps the fingerprints of the long statements just read on a blocking thread, made
+    /// there ([`sluice_sql::fingerprint`] of each text): their admissions take them instead
+    /// of lexing the texts again on the connection thread. Replaces what was kept before
+    /// (statements read and never admitted: a multi-statement text that failed part way).
+    pub(crate) fn keep_read_apart(&self, read: Vec<(Arc<str>, Arc<sluice_sql::Fingerprint>)>) {
+        *self.read_apart.lock().unwrap_or_else(|p| p.into_inner()) = read;
     }
 
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).

@@ -374,17 +374,32 @@ impl Connection {
     async fn read_statements_apart(&self, sql: &str) -> Vec<Result<Arc<ClientStatement>>> {
         let text = sql.to_string();
         let read = tokio::task::spawn_blocking(move || {
-            sluice_sql::statements(&text)
+            let statements: Vec<_> = sluice_sql::statements(&text)
                 .into_iter()
                 .map(|s| s.map(Arc::new))
-                .collect()
+                .collect();
+            // The long queries' fingerprints too, which admission would make on this thread.
+            let fingerprints = statements
+                .iter()
+                .filter_map(|s| match s.as_deref() {
+                    Ok(ClientStatement::Query(q)) if reads_apart(&q.text) => {
+                        Some((q.text.clone(), Arc::new(sluice_sql::fingerprint(&q.text))))
+                    }
+                    _ => None,
+                })
+                .collect();
+            (statements, fingerprints)
         });
-        read.await.unwrap_or_else(|e| {
-            vec![Err(Error::new(
+        match read.await {
+            Ok((statements, fingerprints)) => {
+                self.admission.keep_read_apart(fingerprints);
+                statements
+            }
+            Err(e) => vec![Err(Error::new(
                 ErrorCode::InternalError,
                 format!("reading the statement failed: {e}"),
-            ))]
-        })
+            ))],
+        }
     }
 
     /// [`Connection::statement_of`] for a text past the length, read as

@@ -235,12 +235,37 @@ impl AsText for PgWireFrontendMessage {
     }
 }
 
-/// Reads `message`'s text on a blocking thread; the message comes back with what was read.
+impl ReadAhead {
+    /// Each forwarded statement's fingerprint made now, on the reading thread: admission
+    /// takes it from the statement's memo ([`StatementMemo::with_fingerprint`]) instead of
+    /// lexing the text's first [`sluice_sql::lexer::FINGERPRINTED_BYTES`] on the connection
+    /// thread (~30 ms release for a text that long) and keying its cache by a copy of the text.
+    fn fingerprinted(mut self) -> ReadAhead {
+        let mut stamp = |forwarded: &mut Forwarded| {
+            let fingerprint = Arc::new(sluice_sql::fingerprint(&forwarded.query.text));
+            forwarded.memo = StatementMemo::with_fingerprint(fingerprint);
+        };
+        match &mut self {
+            ReadAhead::Query(Some(pieces)) => pieces
+                .iter_mut()
+                .filter_map(|(_, f)| f.as_mut())
+                .for_each(&mut stamp),
+            ReadAhead::Parse(Some(forwarded)) => stamp(forwarded),
+            ReadAhead::Query(None) | ReadAhead::Parse(None) => {}
+        }
+        self
+    }
+}
+
+/// Reads `message`'s text on a blocking thread; the message comes back with what was read
+/// (and its statements' fingerprints: [`ReadAhead::fingerprinted`]).
 async fn read_apart<M: AsText>(message: M) -> (M, Option<ReadAhead>) {
     tokio::task::spawn_blocking(move || {
         // A panic is the lexer's bug, not the client's: the message is read again in line
         // (where it would meet the same bug as any other message).
-        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| message.read_text()));
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            message.read_text().map(ReadAhead::fingerprinted)
+        }));
         (message, read.ok().flatten())
     })
     .await
@@ -955,6 +980,43 @@ mod tests {
         // An earlier shape comes back from the memo.
         let (_, _, later) = read(" SELECT 7 AS x FROM t WHERE id = 8; ");
         assert!(Arc::ptr_eq(&first, &later));
+    }
+
+    /// A long text's statements come back from the reading thread fingerprinted, so that
+    /// admission does not lex them again on the connection thread.
+    #[tokio::test]
+    async fn a_text_read_apart_comes_back_fingerprinted() {
+        let long = format!(
+            "SELECT 1{} FROM t WHERE x = 'a'",
+            ",1".repeat(READ_AHEAD_BYTES)
+        );
+        let two = format!("{long}; INSERT INTO t VALUES (2)");
+        let mut query = BytesMut::from(&b"Q\0\0\0\0"[..]);
+        query.extend_from_slice(two.as_bytes());
+        query.extend_from_slice(b"\0");
+        assert!(Forwarder::reads_apart(&query));
+        let (_, read) = read_apart(query).await;
+        let Some(ReadAhead::Query(Some(pieces))) = read else {
+            panic!("two forwarded statements: {read:?}");
+        };
+        assert_eq!(pieces.len(), 2);
+        for (_, forwarded) in &pieces {
+            let forwarded = forwarded.as_ref().expect("forwarded");
+            let made = forwarded.memo.fingerprint().expect("fingerprinted apart");
+            assert_eq!(made.id, sluice_sql::fingerprint(&forwarded.query.text).id);
+        }
+
+        let mut parse = BytesMut::from(&b"P\0\0\0\0s\0"[..]);
+        parse.extend_from_slice(long.as_bytes());
+        parse.extend_from_slice(b"\0\0\0");
+        let (_, read) = read_apart(parse).await;
+        let Some(ReadAhead::Parse(Some(forwarded))) = read else {
+            panic!("a forwarded statement: {read:?}");
+        };
+        assert!(
+            forwarded.memo.fingerprint().is_some(),
+            "fingerprinted apart"
+        );
     }
 
     #[test]
