@@ -696,11 +696,7 @@ impl SessionInner {
             if let Some(rows) = first {
                 let rows = rows.map_err(df)?;
                 if let Ok(mut planning) = self.planning.try_lock() {
-                    if let Some(c) = planning
-                        .cache
-                        .get_mut(sql)
-                        .filter(|c| c.generation == generation)
-                    {
+                    if let Some(c) = planning.cached_mut(sql, generation) {
                         c.rows = Some(rows.clone());
                     }
                 }
@@ -894,12 +890,8 @@ impl SessionInner {
                             .create_physical_plan(&optimized, &active.state)
                             .await
                             .map_err(df)?;
-                        match active.cache.get_mut(sql) {
-                            Some(entry)
-                                if keeps_physical
-                                    && entry.generation == generation
-                                    && reusable(&physical) =>
-                            {
+                        match active.cached_mut(sql, generation) {
+                            Some(entry) if keeps_physical && reusable(&physical) => {
                                 entry.tiny = tiny(&physical);
                                 entry.physical = Some(physical.clone());
                                 reset_plan_states(physical).map_err(df)?
