@@ -334,13 +334,8 @@ pub struct Admission {
     cancel: std::sync::OnceLock<CancelKey>,
     /// Raised by `pg_terminate_backend`: the connection closes (its message loop watches).
     pub terminate: Arc<Flag>,
-    /// The fingerprints of the statements this connection ran lately, by text with literals
-    /// cut out: a client repeats its statements, and a fingerprint costs a second lexing pass.
-    fingerprints: Mutex<HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>>,
-    /// The fingerprints of the long statements the connection last read on a blocking thread
-    /// ([`Admission::keep_read_apart`]), by the statement's own text (the same `Arc`): taken
-    /// once, by the statement's admission.
-    read_apart: Mutex<Vec<(Arc<str>, Arc<sluice_sql::Fingerprint>)>>,
+    /// The fingerprints of the statements this connection ran lately.
+    fingerprints: Mutex<Fingerprints>,
     /// The client's address (`None`: not on TCP), for classifiers' `client_addr`.
     peer: Option<std::net::IpAddr>,
     /// The database named at start-up, for classifiers' `database`.
@@ -385,8 +380,50 @@ struct SessionPlan {
     max_execution_time: Option<Duration>,
 }
 
+/// A connection's fingerprints of its statements (a fingerprint costs a second lexing pass).
+#[derive(Default)]
+struct Fingerprints {
+    /// By text with its literals cut out ([`sluice_sql::fingerprint_key`]): a client repeats
+    /// its statements, most with new values each time.
+    by_key: HashMap<String, Arc<sluice_sql::Fingerprint>, foldhash::fast::RandomState>,
+    /// The fingerprints of the long statements the connection last read on a blocking thread,
+    /// made there ([`Admission::keep_read_apart`]), by the statement's own text (the same
+    /// `Arc`): each taken once, by its statement's admission.
+    read_apart: Vec<(Arc<str>, Arc<sluice_sql::Fingerprint>)>,
+}
+
 /// Texts whose fingerprints a connection keeps (all are dropped when it is full).
 const FINGERPRINTS_KEPT: usize = 256;
+
+/// The most a connection's fingerprint cache keeps of its keys together (then it starts
+/// afresh): its keys are the client's texts (of each, what the fingerprint reads: its first
+/// [`sluice_sql::lexer::FINGERPRINTED_BYTES`]), so 256 distinct long texts kept 64 MB.
+const FINGERPRINT_KEY_BYTES: usize = 4 << 20;
+
+impl Fingerprints {
+    /// `query`'s fingerprint: made on the reading thread, kept, or made now (and kept).
+    fn of(&mut self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
+        // A text read apart was fingerprinted there; keyed here, it would be copied.
+        if query.text.len() > sluice_sql::lexer::READ_APART_BYTES {
+            let read = &mut self.read_apart;
+            if let Some(at) = read.iter().position(|(t, _)| Arc::ptr_eq(t, &query.text)) {
+                return read.swap_remove(at).1;
+            }
+        }
+        let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
+        if let Some(f) = self.by_key.get(key.as_ref()) {
+            return f.clone();
+        }
+        let f = Arc::new(sluice_sql::fingerprint(&query.text));
+        let kept_bytes: usize = self.by_key.keys().map(String::len).sum();
+        if self.by_key.len() >= FINGERPRINTS_KEPT || kept_bytes + key.len() > FINGERPRINT_KEY_BYTES
+        {
+            self.by_key.clear();
+        }
+        self.by_key.insert(key.into_owned(), f.clone());
+        f
+    }
+}
 
 /// Metrics series a connection keeps at hand (the oldest goes when it is full).
 const SERIES_KEPT: usize = 8;
@@ -419,7 +456,6 @@ impl Admission {
             cancel: std::sync::OnceLock::new(),
             terminate: Arc::default(),
             fingerprints: Mutex::default(),
-            read_apart: Mutex::default(),
             peer: None,
             database: std::sync::OnceLock::new(),
             user: std::sync::OnceLock::new(),
@@ -855,27 +891,10 @@ impl Admission {
         }
     }
 
-    /// Kept by the text with its literals cut out ([`sluice_sql::fingerprint_key`]): a
-    /// statement run with new values each time (most are) is lexed for it once.
+    /// `query`'s fingerprint, from the connection's ([`Fingerprints::of`]).
     fn fingerprint_of(&self, query: &Query) -> Arc<sluice_sql::Fingerprint> {
-        // A text read apart was fingerprinted there; keyed here, it would be copied.
-        if query.text.len() > sluice_sql::lexer::READ_APART_BYTES {
-            let mut kept = self.read_apart.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(at) = kept.iter().position(|(t, _)| Arc::ptr_eq(t, &query.text)) {
-                return kept.swap_remove(at).1;
-            }
-        }
-        let key = sluice_sql::fingerprint_key(&query.text, &query.literals);
         let mut kept = self.fingerprints.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = kept.get(key.as_ref()) {
-            return f.clone();
-        }
-        let f = Arc::new(sluice_sql::fingerprint(&query.text));
-        if kept.len() >= FINGERPRINTS_KEPT {
-            kept.clear();
-        }
-        kept.insert(key.into_owned(), f.clone());
-        f
+        kept.of(query)
     }
 
     /// Keeps the fingerprints of the long statements just read on a blocking thread, made
@@ -883,7 +902,10 @@ impl Admission {
     /// of lexing the texts again on the connection thread. Replaces what was kept before
     /// (statements read and never admitted: a multi-statement text that failed part way).
     pub(crate) fn keep_read_apart(&self, read: Vec<(Arc<str>, Arc<sluice_sql::Fingerprint>)>) {
-        *self.read_apart.lock().unwrap_or_else(|p| p.into_inner()) = read;
+        self.fingerprints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .read_apart = read;
     }
 
     /// Where a statement asked to run in `requested` is admitted (see [`crate::lanes::lane_for`]).
@@ -1258,6 +1280,68 @@ impl Admission {
             memory,
             reserve_memory: settings.reserve_memory,
             stop,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(text: &str) -> Query {
+        match sluice_sql::statement(text) {
+            Ok(Some(sluice_sql::ClientStatement::Query(q))) => q,
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_statement_with_new_values_is_fingerprinted_once() {
+        let mut kept = Fingerprints::default();
+        let first = kept.of(&query("SELECT * FROM t WHERE id = 1"));
+        let again = kept.of(&query("SELECT * FROM t WHERE id = 2"));
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "kept by its text without literals"
+        );
+        let other = kept.of(&query("SELECT * FROM u WHERE id = 1"));
+        assert_ne!(first.id, other.id);
+    }
+
+    /// A read-apart fingerprint is taken by its statement (the same text), once.
+    #[test]
+    fn a_fingerprint_made_apart_is_taken_by_its_statement() {
+        let mut kept = Fingerprints::default();
+        let long = query(&format!(
+            "SELECT a{} FROM t",
+            ",a".repeat(sluice_sql::lexer::READ_APART_BYTES)
+        ));
+        let made = Arc::new(sluice_sql::fingerprint(&long.text));
+        kept.read_apart = vec![(long.text.clone(), made.clone())];
+        // Another text of the same words is not it.
+        let same_words = Query {
+            text: Arc::from(&*long.text),
+            ..long.clone()
+        };
+        assert!(!Arc::ptr_eq(&kept.of(&same_words), &made));
+        assert!(Arc::ptr_eq(&kept.of(&long), &made));
+        assert!(kept.read_apart.is_empty(), "taken once");
+    }
+
+    /// The cache's keys are the client's texts: all of them together stay within their
+    /// budget, however many distinct long texts come.
+    #[test]
+    fn the_fingerprint_cache_keeps_a_bounded_sum_of_texts() {
+        let mut kept = Fingerprints::default();
+        for i in 0..64 {
+            let q = query(&format!("SELECT a{} FROM t{i}", ",a".repeat(60 * 1024)));
+            kept.of(&q);
+            let bytes: usize = kept.by_key.keys().map(String::len).sum();
+            assert!(
+                bytes <= FINGERPRINT_KEY_BYTES,
+                "statement {i}: {bytes} bytes kept"
+            );
+            assert!(kept.by_key.contains_key(&*q.text), "statement {i} kept");
         }
     }
 }
