@@ -790,7 +790,11 @@ impl Connection {
             mut stop,
             ..
         } = admitted;
-        let text = self.engine_text(&query.text).await?;
+        // The statement's own text when the engine runs it as written (shared, not copied).
+        let text: Arc<str> = match self.engine_text(&query.text).await? {
+            std::borrow::Cow::Borrowed(_) => query.text.clone(),
+            std::borrow::Cow::Owned(rewritten) => Arc::from(rewritten),
+        };
         let options = ExecuteOptions {
             target_partitions: threads,
             io: crate::disk_gate::DiskGate::for_statement(&self.shared, &grant),
@@ -800,7 +804,7 @@ impl Connection {
         // The statement first: one that answers at once never arms the stop's timers.
         let output = tokio::select! {
             biased;
-            output = self.session().execute(&text, options, params) => output?,
+            output = self.session().execute_shared(text, options, params) => output?,
             e = &mut stop => return Err(e),
         };
         Ok(match output {
@@ -855,7 +859,11 @@ impl Connection {
             ClientStatement::ShowEntities(_) => Some(text_schema("name")),
             ClientStatement::ShowCreate { .. } => Some(text_schema("create_query")),
             ClientStatement::Query(query) => {
-                let text = self.engine_text(&query.text).await?;
+                // The statement's own text when the engine runs it as written (shared, not copied).
+                let text: Arc<str> = match self.engine_text(&query.text).await? {
+                    std::borrow::Cow::Borrowed(_) => query.text.clone(),
+                    std::borrow::Cow::Owned(rewritten) => Arc::from(rewritten),
+                };
                 self.session().describe(&text).await?
             }
         })
