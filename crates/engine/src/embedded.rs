@@ -343,19 +343,20 @@ impl Session for EmbeddedSession {
 
     async fn execute_shared(
         &self,
-        sql: Arc<str>,
+        sql: &Arc<str>,
         options: ExecuteOptions,
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput> {
         // A tiny statement's parallelism does not matter: it reads a few rows in memory.
         if params.is_empty() {
-            if let Some(output) = self.inner.run_tiny(&sql)? {
+            if let Some(output) = self.inner.run_tiny(sql)? {
                 return Ok(output);
             }
         }
         let (head_tx, head_rx) = oneshot::channel::<Result<Head>>();
         let (batch_tx, batch_rx) = mpsc::channel(BATCHES_IN_FLIGHT);
         let inner = self.inner.clone();
+        let sql = sql.clone();
         let (handle, workers) = (self.runtime.handle.clone(), self.runtime.workers);
         let task = EngineTask(Some(self.runtime.handle.spawn(async move {
             // However the statement ends (its client gone: aborted), once what it held is

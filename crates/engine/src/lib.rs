@@ -137,17 +137,17 @@ pub trait Session: Send + Sync + std::fmt::Debug {
         options: ExecuteOptions,
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput> {
-        self.execute_shared(std::sync::Arc::from(sql), options, params)
+        self.execute_shared(&std::sync::Arc::from(sql), options, params)
             .await
     }
 
-    /// [`Session::execute`] of a text the caller shares (a statement's own): the engine takes
-    /// it as it is, where a borrowed text is copied for the engine's task (a statement of
-    /// megabytes copied on the connection thread held its other clients ~30 ms, most of it
-    /// the copy's fresh pages).
+    /// [`Session::execute`] of a text the caller shares (a statement's own): the engine's task
+    /// takes another reference to it, where a borrowed text is copied for the task (a
+    /// statement of megabytes was copied on the connection thread, fresh pages and all). A
+    /// statement answered at once (a tiny one) takes none.
     async fn execute_shared(
         &self,
-        sql: std::sync::Arc<str>,
+        sql: &std::sync::Arc<str>,
         options: ExecuteOptions,
         params: Vec<ScalarValue>,
     ) -> Result<QueryOutput>;

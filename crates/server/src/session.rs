@@ -791,10 +791,11 @@ impl Connection {
             ..
         } = admitted;
         // The statement's own text when the engine runs it as written (shared, not copied).
-        let text: Arc<str> = match self.engine_text(&query.text).await? {
-            std::borrow::Cow::Borrowed(_) => query.text.clone(),
-            std::borrow::Cow::Owned(rewritten) => Arc::from(rewritten),
+        let rewritten = match self.engine_text(&query.text).await? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(rewritten) => Some(Arc::from(rewritten)),
         };
+        let text = rewritten.as_ref().unwrap_or(&query.text);
         let options = ExecuteOptions {
             target_partitions: threads,
             io: crate::disk_gate::DiskGate::for_statement(&self.shared, &grant),
