@@ -74,6 +74,9 @@ pub struct UpstreamConfig {
     /// Seconds an upstream connection may sit idle in a pool before it is closed; 0: never
     /// [default: 600, PgBouncer's].
     pub server_idle_timeout: Option<f64>,
+    /// Transaction pooling: statements one upstream connection keeps prepared at most
+    /// [default: 200, PgBouncer's].
+    pub max_prepared_statements: Option<usize>,
 }
 
 /// `auth_query = true` or `auth_query = "SELECT …"`.

@@ -650,6 +650,7 @@ fn upstream_options(
         admission: sluice_server::upstream::AdmissionMode::Statement,
         auth_query: None,
         server_idle_timeout: Some(sluice_server::upstream::DEFAULT_SERVER_IDLE_TIMEOUT),
+        max_prepared_statements: sluice_server::upstream::DEFAULT_MAX_PREPARED_STATEMENTS,
     };
     let Some(c) = config else {
         return Ok(Some(default));
@@ -666,6 +667,12 @@ fn upstream_options(
     if pool_size == 0 {
         anyhow::bail!("upstream.pool_size: must be at least 1");
     }
+    let max_prepared_statements = c
+        .max_prepared_statements
+        .unwrap_or(default.max_prepared_statements);
+    if max_prepared_statements == 0 {
+        anyhow::bail!("upstream.max_prepared_statements: must be at least 1");
+    }
     let server_idle_timeout = match c.server_idle_timeout {
         None => default.server_idle_timeout,
         Some(0.0) => None,
@@ -678,6 +685,7 @@ fn upstream_options(
         url,
         pool_size,
         server_idle_timeout,
+        max_prepared_statements,
         pool_mode: match &c.pool_mode {
             Some(m) => m.parse().map_err(|e| anyhow::anyhow!("upstream.{e}"))?,
             None => default.pool_mode,

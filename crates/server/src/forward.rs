@@ -74,6 +74,9 @@ struct Expect {
     /// A pooled statement name the upstream's error shows, and the client's name shown
     /// instead.
     shows: Option<(String, String)>,
+    /// The pooled statement name a Close removes from the connection (kept if the upstream
+    /// skips the Close after an error).
+    closes: Option<String>,
 }
 
 impl Expect {
@@ -83,6 +86,7 @@ impl Expect {
             prepares: None,
             defines: None,
             shows: None,
+            closes: None,
         }
     }
 
@@ -95,9 +99,10 @@ impl Expect {
 enum Answer {
     /// Passed to the client.
     Relay(Ends),
-    /// A statement sluice prepares again in front of the client's use of it: its
-    /// ParseComplete is dropped, its error is the client's.
-    Prepare,
+    /// sluice's own Parse or Close in front of the client's message (a statement prepared on
+    /// a connection that lacks it, one closed to keep the connection within
+    /// `max_prepared_statements`): its one answer is dropped, its error is the client's.
+    Own,
     /// sluice's own settings (a grant's `SET`s, start-up options): nothing reaches the client
     /// but an error, as a notice; it is not the client's statement failing.
     Quiet,
@@ -112,7 +117,7 @@ impl Answer {
     fn ends(self) -> Ends {
         match self {
             Answer::Relay(ends) => ends,
-            Answer::Prepare | Answer::Synthetic(_) => Ends::One,
+            Answer::Own | Answer::Synthetic(_) => Ends::One,
             Answer::Quiet | Answer::Piece => Ends::Ready,
         }
     }
@@ -658,7 +663,14 @@ impl Forwarder {
         let mut dirty = self.upstream.options.pool_mode == PoolMode::Session;
         if self.failed == Failed::No {
             for step in steps.drain(..) {
-                translate(step, lent, pooled, &mut out, &mut answers, &mut dirty);
+                translate(
+                    step,
+                    lent,
+                    pooled.then_some(self.upstream.options.max_prepared_statements),
+                    &mut out,
+                    &mut answers,
+                    &mut dirty,
+                );
             }
         }
         steps.clear();
@@ -1060,6 +1072,7 @@ mod tests {
             admission: AdmissionMode::Statement,
             auth_query: None,
             server_idle_timeout: None,
+            max_prepared_statements: 2,
         })))
     }
 

@@ -8,7 +8,9 @@ mod support;
 
 use std::time::Duration;
 
-use sluice_server::upstream::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
+use sluice_server::upstream::{
+    AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_MAX_PREPARED_STATEMENTS,
+};
 use sluice_server::ServerOptions;
 use sluice_testpg::{Auth, Postgres};
 use support::{assert_thread_not_held, column, connect, until, until_waiting, TestServer};
@@ -40,6 +42,24 @@ async fn setup_on_threads(
     server_idle_timeout: Option<Duration>,
     connection_threads: usize,
 ) -> Setup {
+    let options = |url| UpstreamOptions {
+        url,
+        pool_size,
+        pool_mode,
+        admission,
+        auth_query: None,
+        server_idle_timeout,
+        max_prepared_statements: DEFAULT_MAX_PREPARED_STATEMENTS,
+    };
+    setup_options(options, connection_threads).await
+}
+
+/// A PostgreSQL and a sluice in front of it with the upstream options `options` makes of the
+/// URL.
+async fn setup_options(
+    options: impl FnOnce(UpstreamUrl) -> UpstreamOptions,
+    connection_threads: usize,
+) -> Setup {
     let pg_dir = tempfile::tempdir().expect("tempdir");
     let pg = Postgres::start(pg_dir.path(), "owner", Auth::Password("owner-pw".into()));
     pg.psql("CREATE DATABASE shop OWNER owner");
@@ -50,14 +70,7 @@ async fn setup_on_threads(
     ))
     .expect("url");
     let server = TestServer::start_with(ServerOptions {
-        upstream: Some(UpstreamOptions {
-            url,
-            pool_size,
-            pool_mode,
-            admission,
-            auth_query: None,
-            server_idle_timeout,
-        }),
+        upstream: Some(options(url)),
         // As `sluice serve` runs by default: connections on threads of their own, with the
         // upstream connections lent to them moved there.
         connection_threads,
@@ -652,6 +665,58 @@ async fn transaction_pooling_shares_connections_and_leaks_nothing() {
         .expect("b after a closed")
         .get(0);
     assert_eq!(n, 2);
+}
+
+/// Transaction pooling keeps at most `max_prepared_statements` prepared on an upstream
+/// connection, as PgBouncer does: preparing one more closes the one used longest ago, and a
+/// statement closed so is prepared again when a client uses it next. Unbounded, a connection
+/// kept every statement its clients ever prepared (2,000 from one psycopg client that held
+/// 100 at a time).
+#[tokio::test]
+async fn transaction_pooling_keeps_a_bounded_number_of_statements_prepared() {
+    let options = |url| UpstreamOptions {
+        url,
+        pool_size: 1,
+        pool_mode: PoolMode::Transaction,
+        admission: AdmissionMode::Statement,
+        auth_query: None,
+        server_idle_timeout: None,
+        max_prepared_statements: 3,
+    };
+    let s = setup_options(options, 2).await;
+    let client = s.through().await;
+    let held = "SELECT count(*) FROM pg_prepared_statements";
+    let mut statements = Vec::new();
+    for i in 0..8i32 {
+        let statement = client
+            .prepare(&format!("SELECT {i} + $1::int4"))
+            .await
+            .expect("prepare");
+        let n: i32 = client
+            .query_one(&statement, &[&1i32])
+            .await
+            .expect("run")
+            .get(0);
+        assert_eq!(n, i + 1);
+        statements.push(statement);
+    }
+    // The one upstream connection holds three of the eight.
+    assert_eq!(column(&client, held).await, ["3"]);
+    // Every one still runs, in the order prepared and back: those closed upstream are
+    // prepared again in front of their use.
+    for (i, statement) in statements
+        .iter()
+        .enumerate()
+        .chain(statements.iter().enumerate().rev())
+    {
+        let n: i32 = client
+            .query_one(statement, &[&10i32])
+            .await
+            .expect("run again")
+            .get(0);
+        assert_eq!(n, i as i32 + 10);
+    }
+    assert_eq!(column(&client, held).await, ["3"]);
 }
 
 #[tokio::test]
@@ -1700,6 +1765,7 @@ async fn sluice_sized(
             admission: AdmissionMode::Statement,
             auth_query: auth_query.map(str::to_string),
             server_idle_timeout: None,
+            max_prepared_statements: DEFAULT_MAX_PREPARED_STATEMENTS,
         }),
         ..support::test_options(data.path())
     })

@@ -225,6 +225,66 @@ pub fn session_sql(current: &[(String, String)], wanted: &[(String, String)]) ->
 
 /// One backend message as the upstream sent it: its type byte and its body (without the
 /// length word).
+/// The statements a pooled connection has prepared, by name, in the order they were last
+/// used: bounded, as PgBouncer bounds them (`max_prepared_statements`), so a connection lent
+/// for years does not keep every statement any client ever prepared (each holds memory in
+/// its backend).
+#[derive(Debug, Default)]
+pub struct PreparedNames {
+    /// Each name with the turn it was last used at.
+    used: std::collections::HashMap<String, u64>,
+    turn: u64,
+}
+
+impl PreparedNames {
+    /// `name` used now: whether it must be prepared (it was not), and, when preparing it
+    /// takes the connection past `max`, the name used longest ago, to close first (it is
+    /// forgotten here).
+    pub fn use_name(&mut self, name: &str, max: usize) -> (bool, Option<String>) {
+        self.turn += 1;
+        if let Some(turn) = self.used.get_mut(name) {
+            *turn = self.turn;
+            return (false, None);
+        }
+        let evicted = (self.used.len() >= max.max(1))
+            .then(|| {
+                let oldest = self.used.iter().min_by_key(|(_, &turn)| turn)?.0.clone();
+                self.used.remove(&oldest);
+                Some(oldest)
+            })
+            .flatten();
+        self.used.insert(name.to_string(), self.turn);
+        (true, evicted)
+    }
+
+    /// `name` prepared on the connection after all (a close that the upstream skipped), as
+    /// used longest ago.
+    pub fn keep(&mut self, name: String) {
+        self.used.entry(name).or_insert(0);
+    }
+
+    /// `name` not prepared after all (its Parse failed or was skipped).
+    pub fn remove(&mut self, name: &str) {
+        self.used.remove(name);
+    }
+
+    pub fn clear(&mut self) {
+        self.used.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.used.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.used.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.used.contains_key(name)
+    }
+}
+
 #[derive(Clone, PartialEq, Eq)]
 pub struct Frame {
     pub tag: u8,
@@ -399,7 +459,7 @@ pub struct UpstreamConnection {
     pub awaiting: usize,
     /// Statements prepared on this connection under sluice's pooled names (transaction
     /// pooling shares them between the clients the connection is lent to).
-    pub prepared: std::collections::HashSet<String>,
+    pub prepared: PreparedNames,
     /// A client may have changed the session beyond its transaction (a `SET`, a temporary
     /// table, a hold cursor): the connection is reset before it is lent again.
     pub dirty: bool,
@@ -955,6 +1015,23 @@ impl Scram {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prepared_names_close_the_one_used_longest_ago() {
+        let mut names = super::PreparedNames::default();
+        assert_eq!(names.use_name("a", 2), (true, None));
+        assert_eq!(names.use_name("b", 2), (true, None));
+        // `a` used again: `b` is now the oldest.
+        assert_eq!(names.use_name("a", 2), (false, None));
+        assert_eq!(names.use_name("c", 2), (true, Some("b".to_string())));
+        assert_eq!(names.len(), 2);
+        assert!(names.contains("a") && names.contains("c") && !names.contains("b"));
+        // A close the upstream skipped: `b` is still there, the first to go next.
+        names.keep("b".to_string());
+        assert_eq!(names.use_name("d", 3), (true, Some("b".to_string())));
+        names.remove("d");
+        assert!(!names.contains("d"));
+    }
+
     use super::*;
 
     #[test]

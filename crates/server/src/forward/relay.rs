@@ -256,6 +256,9 @@ impl Forwarder {
                         if let Some(name) = &a.prepares {
                             lent.prepared.remove(name);
                         }
+                        if let Some(name) = &a.closes {
+                            lent.prepared.keep(name.clone());
+                        }
                         if let Some(name) = &a.defines {
                             self.statements.remove(name);
                         }

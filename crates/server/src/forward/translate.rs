@@ -5,24 +5,37 @@
 use super::*;
 
 /// One step as bytes for the upstream, with what to do with its answer. In transaction
-/// pooling, statements go by their pooled names and are prepared on this connection first
-/// where it lacks them.
+/// pooling (`pooled`: the most statements a connection keeps prepared), statements go by
+/// their pooled names and are prepared on this connection first where it lacks them.
 pub(super) fn translate(
     step: Step,
     lent: &mut Lent,
-    pooled: bool,
+    pooled: Option<usize>,
     out: &mut BytesMut,
     answers: &mut VecDeque<Expect>,
     dirty: &mut bool,
 ) {
+    let max_prepared = pooled.unwrap_or(usize::MAX);
+    let pooled = pooled.is_some();
     // Prepares `prepared` under its pooled name on this connection unless it already is
-    // (answered as `answer`); whether it was sent.
+    // (answered as `answer`), closing first the statement used longest ago if the connection
+    // holds as many as it may; whether it was sent.
     let ensure = |prepared: &Prepared,
                   answer: Answer,
                   lent: &mut Lent,
                   out: &mut BytesMut,
                   answers: &mut VecDeque<Expect>| {
-        let sent = lent.prepared.insert(prepared.pooled_name.clone());
+        let (sent, evicted) = lent.prepared.use_name(&prepared.pooled_name, max_prepared);
+        if let Some(evicted) = evicted {
+            encode(
+                &Close::new(TARGET_TYPE_BYTE_STATEMENT, Some(evicted.clone())),
+                out,
+            );
+            answers.push_back(Expect {
+                closes: Some(evicted),
+                ..Expect::new(Answer::Own)
+            });
+        }
         if sent {
             prepared.encode_parse(&prepared.pooled_name, out);
             answers.push_back(Expect {
@@ -42,7 +55,7 @@ pub(super) fn translate(
             // to Sync: the text goes under the pooled name of the statement that holds the
             // client's name, on a connection made to hold it, so the upstream answers (and
             // skips) as it would answer the client; its error shows the client's name.
-            ensure(&existing, Answer::Prepare, lent, out, answers);
+            ensure(&existing, Answer::Own, lent, out, answers);
             prepared.encode_parse(&existing.pooled_name, out);
             answers.push_back(Expect {
                 shows: Some((existing.pooled_name.clone(), name)),
@@ -75,7 +88,7 @@ pub(super) fn translate(
             }
             match &prepared {
                 Some(p) if pooled && !statement.is_empty() => {
-                    ensure(p, Answer::Prepare, lent, out, answers);
+                    ensure(p, Answer::Own, lent, out, answers);
                     renamed_bind(&frame, statement, &p.pooled_name, out);
                 }
                 _ => out.extend_from_slice(&frame),
@@ -85,7 +98,7 @@ pub(super) fn translate(
         Step::DescribeStatement { name, prepared } => {
             let target = match (pooled, &prepared) {
                 (true, Some(p)) if !name.is_empty() => {
-                    ensure(p, Answer::Prepare, lent, out, answers);
+                    ensure(p, Answer::Own, lent, out, answers);
                     p.pooled_name.clone()
                 }
                 _ => name,

@@ -8,7 +8,7 @@ pub mod pools;
 
 pub use options::{
     AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_AUTH_QUERY,
-    DEFAULT_SERVER_IDLE_TIMEOUT,
+    DEFAULT_MAX_PREPARED_STATEMENTS, DEFAULT_SERVER_IDLE_TIMEOUT,
 };
 pub(crate) use pools::follow_parameter;
 pub use pools::{client_parameters, close_idle_connections, fatal_from, SessionBackend, Upstream};

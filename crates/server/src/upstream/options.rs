@@ -18,7 +18,14 @@ pub struct UpstreamOptions {
     /// `server_idle_timeout`: an upstream connection idle in a pool this long is closed
     /// (PgBouncer's setting of that name); `None`: kept until it is needed elsewhere.
     pub server_idle_timeout: Option<std::time::Duration>,
+    /// `max_prepared_statements`: in transaction pooling, the statements one upstream
+    /// connection keeps prepared for its clients at most; preparing one more closes the one
+    /// used longest ago (PgBouncer's setting of that name).
+    pub max_prepared_statements: usize,
 }
+
+/// `max_prepared_statements` when the config says nothing: PgBouncer's default.
+pub const DEFAULT_MAX_PREPARED_STATEMENTS: usize = 200;
 
 /// `server_idle_timeout` when the config says nothing: PgBouncer's default.
 pub const DEFAULT_SERVER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
