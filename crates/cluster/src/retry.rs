@@ -13,8 +13,11 @@ pub(crate) fn transient(e: &etcd_client::Error) -> bool {
     match e {
         // gRPC's UNAVAILABLE (14): "leader changed", "no leader", a member not reachable.
         // UNKNOWN (2): a connection broken under the call; DEADLINE_EXCEEDED (4): "request
-        // timed out" while a leader is elected.
-        etcd_client::Error::GRpcStatus(status) => matches!(status.code() as i32, 2 | 4 | 14),
+        // timed out" while a leader is elected. CANCELLED (1): tonic's word for a connection
+        // closed under the call (hyper's `Canceled`, "connection closed": the member it went
+        // to was killed); sluice never cancels a call itself (it drops the future, which
+        // returns nothing).
+        etcd_client::Error::GRpcStatus(status) => matches!(status.code() as i32, 1 | 2 | 4 | 14),
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }

@@ -717,6 +717,57 @@ async fn transaction_pooling_keeps_a_bounded_number_of_statements_prepared() {
         assert_eq!(n, i as i32 + 10);
     }
     assert_eq!(column(&client, held).await, ["3"]);
+
+    // A batch the upstream skips after an error: the closes and prepares sluice put in it
+    // never happened, the last undone first. Three statements prepared; then, after a
+    // failing Execute, a fourth (closing the oldest, s1) and s1 again (closing s2) are
+    // skipped: the connection still holds s1, s2 and s3, and s1 runs without being
+    // prepared again (which the upstream would refuse: 42P05, it exists).
+    use tokio::io::AsyncWriteExt;
+    let mut raw = raw_client(s.server.port).await;
+    let bind_execute = |statement: &str| {
+        let mut bind = format!("\0{statement}\0").into_bytes();
+        bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        let mut out = message(b'B', &bind);
+        out.extend(message(b'E', b"\0\0\0\0\0"));
+        out
+    };
+    let mut batch = Vec::new();
+    for i in 1..=3 {
+        batch.extend(parse_bind_execute(
+            &format!("s{i}"),
+            "",
+            &format!("SELECT {i}"),
+        ));
+    }
+    batch.extend(message(b'S', b""));
+    raw.write_all(&batch).await.expect("three prepared");
+    let answered = messages_until_ready(&mut raw).await;
+    assert!(answered.iter().all(|(tag, _)| *tag != b'E'), "{answered:?}");
+    let mut batch = parse_bind_execute("", "", "SELECT 1 / 0");
+    batch.extend(parse_bind_execute("s4", "", "SELECT 4"));
+    batch.extend(bind_execute("s1"));
+    batch.extend(message(b'S', b""));
+    raw.write_all(&batch).await.expect("a failing batch");
+    let answered = messages_until_ready(&mut raw).await;
+    assert_eq!(
+        answered.iter().filter(|(tag, _)| *tag == b'E').count(),
+        1,
+        "{answered:?}"
+    );
+    let mut batch = bind_execute("s1");
+    batch.extend(bind_execute("s2"));
+    batch.extend(message(b'S', b""));
+    raw.write_all(&batch).await.expect("s1 and s2 again");
+    let answered = messages_until_ready(&mut raw).await;
+    assert!(
+        answered.iter().all(|(tag, _)| *tag != b'E'),
+        "s1 and s2 run as they are: {:?}",
+        answered
+            .iter()
+            .map(|(tag, body)| (*tag as char, String::from_utf8_lossy(body).into_owned()))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]

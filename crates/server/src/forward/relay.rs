@@ -247,22 +247,26 @@ impl Forwarder {
                     if head.ends() == Ends::Ready {
                         continue; // a simple Query's error: its ReadyForQuery follows
                     }
-                    // The upstream skips the rest up to Sync.
+                    // The upstream skips the rest up to Sync: what those messages would have
+                    // done to the connection's statements is undone, the last first (a
+                    // statement closed and then prepared again there is still prepared).
                     let lent = self.lent.as_mut().expect("lent while relaying");
-                    while let Some(a) = answers.front() {
-                        if matches!(a.answer, Answer::Relay(Ends::Ready)) {
-                            break;
-                        }
+                    let skipped = answers
+                        .iter()
+                        .take_while(|a| !matches!(a.answer, Answer::Relay(Ends::Ready)))
+                        .count();
+                    for a in answers.range(..skipped).rev() {
                         if let Some(name) = &a.prepares {
                             lent.prepared.remove(name);
                         }
                         if let Some(name) = &a.closes {
                             lent.prepared.keep(name.clone());
                         }
+                    }
+                    for a in answers.drain(..skipped) {
                         if let Some(name) = &a.defines {
                             self.statements.remove(name);
                         }
-                        answers.pop_front();
                     }
                     if answers.is_empty() {
                         self.failed = Failed::Upstream;
