@@ -223,8 +223,6 @@ pub fn session_sql(current: &[(String, String)], wanted: &[(String, String)]) ->
     (!statements.is_empty()).then(|| statements.join("; "))
 }
 
-/// One backend message as the upstream sent it: its type byte and its body (without the
-/// length word).
 /// The statements a pooled connection has prepared, by name, in the order they were last
 /// used: bounded, as PgBouncer bounds them (`max_prepared_statements`), so a connection lent
 /// for years does not keep every statement any client ever prepared (each holds memory in
@@ -285,6 +283,8 @@ impl PreparedNames {
     }
 }
 
+/// One backend message as the upstream sent it: its type byte and its body (without the
+/// length word).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Frame {
     pub tag: u8,
