@@ -167,7 +167,7 @@ wait_for_listening() {
   exit 1
 }
 
-# relay_floor_bin -> builds bench/relay_floor (a bare relay, three designs) and sets $relay_bin.
+# relay_floor_bin -> builds bench/relay_floor (a bare relay, four designs) and sets $relay_bin.
 relay_floor_bin() {
   local target="${CARGO_TARGET_DIR:-$PWD/target}/relay-floor"
   echo "== building bench/relay_floor (release)" >&2
@@ -175,7 +175,7 @@ relay_floor_bin() {
   relay_bin="$target/release/relay-floor"
 }
 
-# start_relay MODE PORT: the bare relay (tokio | poll | threads) from PORT to PostgreSQL, in a
+# start_relay MODE PORT: the bare relay (tokio | poll | threads | uring) from PORT to PostgreSQL, in a
 # session of its own; RELAY_WRAPPER (valgrind) runs it if set. Sets $started.
 start_relay() {
   local mode=$1 port=$2

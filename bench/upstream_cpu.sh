@@ -17,7 +17,7 @@
 #
 # SLUICE_BIN=path uses that binary instead of building one; SLUICE_BASELINE_BIN=path adds a
 # second sluice (an older build) to the table; RELAYS=1 adds the bare relays of
-# bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), session-like. Needs pgbench, pgbouncer and PostgreSQL's server
+# bench/relay_floor (tokio, poll, threads, uring: bytes passed, nothing else), session-like. Needs pgbench, pgbouncer and PostgreSQL's server
 # binaries; loopback only, a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,8 +83,8 @@ fi
 relay_modes=(); relay_pids=()
 if [ -n "${RELAYS:-}" ]; then
   relay_floor_bin
-  relay_modes=(tokio poll threads)
-  for i in 0 1 2; do start_relay "${relay_modes[$i]}" $((6440 + i)); relay_pids+=("$started"); done
+  relay_modes=(tokio poll threads uring)
+  for i in 0 1 2 3; do start_relay "${relay_modes[$i]}" $((6440 + i)); relay_pids+=("$started"); done
 fi
 
 echo
@@ -93,8 +93,8 @@ echo
 echo "PgBouncer 1.18 cannot run prepared statements in transaction pooling (pgbench's clients"
 echo "abort): that cell is \"fails\"."
 echo
-echo "| protocol | PgBouncer session µs | sluice session µs |${SLUICE_BASELINE_BIN:+ baseline sluice session µs |} PgBouncer transaction µs | sluice transaction µs | sluice/PgBouncer session | transaction |${RELAYS:+ relay tokio µs | relay poll µs | relay threads µs |}"
-echo "|---|---|---|${SLUICE_BASELINE_BIN:+---|}---|---|---|---|${RELAYS:+---|---|---|}"
+echo "| protocol | PgBouncer session µs | sluice session µs |${SLUICE_BASELINE_BIN:+ baseline sluice session µs |} PgBouncer transaction µs | sluice transaction µs | sluice/PgBouncer session | transaction |${RELAYS:+ relay tokio µs | relay poll µs | relay threads µs | relay uring µs |}"
+echo "|---|---|---|${SLUICE_BASELINE_BIN:+---|}---|---|---|---|${RELAYS:+---|---|---|---|}"
 for protocol in simple prepared; do
   read -r bs bn < <(cpu_per_xact "$pgb_s" 6450 "$protocol")
   read -r ss sn < <(cpu_per_xact "$sl_s" 6452 "$protocol")

@@ -14,7 +14,8 @@
 # SLUICE_BIN=path uses that binary; SLUICE_BASELINE_BIN=path measures a second one beside it;
 # PGBOUNCER=1 adds PgBouncer's count (session pooling; needs pgbouncer). RELAYS=1 adds the
 # bare relays of bench/relay_floor (tokio, poll, threads: bytes passed, nothing else), the
-# floor of each design a forwarding core could be built on.
+# floor of each design a forwarding core could be built on. (Not its uring relay: valgrind
+# 3.19 hangs it; bench/upstream_cpu.sh RELAYS=1 SPLIT=1 shows its user time.)
 # POOL_MODE=transaction measures sluice in transaction pooling (a connection lent and given
 # back at each transaction; PgBouncer's and the relays' figures stay session pooling's).
 # KEEP_PROFILES=dir keeps each run's callgrind output there (dir/NAME-PROTOCOL.out, NAME the

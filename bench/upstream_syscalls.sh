@@ -8,7 +8,8 @@
 #
 #   bench/upstream_syscalls.sh [TRANSACTIONS_PER_CLIENT]      (default 2000)
 #
-# SLUICE_BIN=path uses that binary. Needs strace, pgbench, pgbouncer and PostgreSQL's server
+# SLUICE_BIN=path uses that binary; RELAYS=1 adds the bare relays of bench/relay_floor (poll:
+# epoll as PgBouncer; uring: io_uring). Needs strace, pgbench, pgbouncer and PostgreSQL's server
 # binaries; loopback only, a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,12 @@ start_pgbouncer session 6440
 bouncer=$started
 start_upstream_sluice sluice "$SLUICE_BIN" 6455 session
 sluice=$started
+relays=()
+if [ -n "${RELAYS:-}" ]; then
+  relay_floor_bin
+  start_relay poll 6441; relays+=("relay-poll $started 6441")
+  start_relay uring 6442; relays+=("relay-uring $started 6442")
+fi
 
 # calls NAME PID PORT PROTOCOL OPTIONS -> "syscall calls-per-transaction" lines, most first
 calls() {
@@ -48,7 +55,7 @@ echo "| protocol | proxy | calls per transaction (≥ 0.01) |"
 echo "|---|---|---|"
 for protocol in simple prepared; do
   # PgBouncer refuses start-up options it does not know; sluice takes the workload from them.
-  for target in "PgBouncer $bouncer 6440" "sluice $sluice 6455 -c workload=bench"; do
+  for target in "PgBouncer $bouncer 6440" "sluice $sluice 6455 -c workload=bench" "${relays[@]}"; do
     read -r name pid port options <<<"$target"
     echo "| $protocol | $name | $(calls "$name" "$pid" "$port" "$protocol" "${options:-}" | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}') |"
   done
