@@ -643,15 +643,7 @@ fn upstream_options(
     };
     let mut url = sluice_server::upstream::UpstreamUrl::parse(&url)
         .map_err(|e| anyhow::anyhow!("upstream.url: {}", e.message))?;
-    let default = sluice_server::upstream::UpstreamOptions {
-        url: url.clone(),
-        pool_size: 20,
-        pool_mode: sluice_server::upstream::PoolMode::Session,
-        admission: sluice_server::upstream::AdmissionMode::Statement,
-        auth_query: None,
-        server_idle_timeout: Some(sluice_server::upstream::DEFAULT_SERVER_IDLE_TIMEOUT),
-        max_prepared_statements: sluice_server::upstream::DEFAULT_MAX_PREPARED_STATEMENTS,
-    };
+    let default = sluice_server::upstream::UpstreamOptions::new(url.clone());
     let Some(c) = config else {
         return Ok(Some(default));
     };

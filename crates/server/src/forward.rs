@@ -1066,13 +1066,10 @@ mod tests {
     fn forwarder() -> Forwarder {
         let url = UpstreamUrl::parse("postgres://u@127.0.0.1:1/db").expect("url");
         Forwarder::new(Arc::new(Upstream::new(UpstreamOptions {
-            url,
             pool_size: 1,
-            pool_mode: PoolMode::Session,
-            admission: AdmissionMode::Statement,
-            auth_query: None,
             server_idle_timeout: None,
             max_prepared_statements: 2,
+            ..UpstreamOptions::new(url)
         })))
     }
 

@@ -8,9 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use sluice_server::upstream::{
-    AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl, DEFAULT_MAX_PREPARED_STATEMENTS,
-};
+use sluice_server::upstream::{AdmissionMode, PoolMode, UpstreamOptions, UpstreamUrl};
 use sluice_server::ServerOptions;
 use sluice_testpg::{Auth, Postgres};
 use support::{assert_thread_not_held, column, connect, until, until_waiting, TestServer};
@@ -43,13 +41,11 @@ async fn setup_on_threads(
     connection_threads: usize,
 ) -> Setup {
     let options = |url| UpstreamOptions {
-        url,
         pool_size,
         pool_mode,
         admission,
-        auth_query: None,
         server_idle_timeout,
-        max_prepared_statements: DEFAULT_MAX_PREPARED_STATEMENTS,
+        ..UpstreamOptions::new(url)
     };
     setup_options(options, connection_threads).await
 }
@@ -675,13 +671,11 @@ async fn transaction_pooling_shares_connections_and_leaks_nothing() {
 #[tokio::test]
 async fn transaction_pooling_keeps_a_bounded_number_of_statements_prepared() {
     let options = |url| UpstreamOptions {
-        url,
         pool_size: 1,
         pool_mode: PoolMode::Transaction,
-        admission: AdmissionMode::Statement,
-        auth_query: None,
         server_idle_timeout: None,
         max_prepared_statements: 3,
+        ..UpstreamOptions::new(url)
     };
     let s = setup_options(options, 2).await;
     let client = s.through().await;
@@ -1810,13 +1804,13 @@ async fn sluice_sized(
     let data = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start_with(ServerOptions {
         upstream: Some(UpstreamOptions {
-            url: UpstreamUrl::parse(&format!("{url}?connect_timeout=5")).expect("url"),
             pool_size,
             pool_mode,
-            admission: AdmissionMode::Statement,
             auth_query: auth_query.map(str::to_string),
             server_idle_timeout: None,
-            max_prepared_statements: DEFAULT_MAX_PREPARED_STATEMENTS,
+            ..UpstreamOptions::new(
+                UpstreamUrl::parse(&format!("{url}?connect_timeout=5")).expect("url"),
+            )
         }),
         ..support::test_options(data.path())
     })

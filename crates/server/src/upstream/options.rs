@@ -24,6 +24,23 @@ pub struct UpstreamOptions {
     pub max_prepared_statements: usize,
 }
 
+impl UpstreamOptions {
+    /// `url` with what the config leaves unsaid: 20 connections, session pooling, a statement's
+    /// admission per statement, logins by `[[users]]`, PgBouncer's idle timeout and prepared
+    /// statements bound.
+    pub fn new(url: UpstreamUrl) -> UpstreamOptions {
+        UpstreamOptions {
+            url,
+            pool_size: 20,
+            pool_mode: PoolMode::Session,
+            admission: AdmissionMode::Statement,
+            auth_query: None,
+            server_idle_timeout: Some(DEFAULT_SERVER_IDLE_TIMEOUT),
+            max_prepared_statements: DEFAULT_MAX_PREPARED_STATEMENTS,
+        }
+    }
+}
+
 /// `max_prepared_statements` when the config says nothing: PgBouncer's default.
 pub const DEFAULT_MAX_PREPARED_STATEMENTS: usize = 200;
 
