@@ -77,6 +77,9 @@ pub mod messages {
 /// Bytes held back at most before they are written anyway.
 pub const HOLD_LIMIT: usize = 64 * 1024;
 
+/// What [`Corked`] keeps of the room it held an answer in while it waits for the client.
+const KEPT_HELD: usize = 16 * 1024;
+
 /// Backend message types that never end a response: a flush right after one of them is held
 /// until the response's end or the next read. ParseComplete, BindComplete, CloseComplete,
 /// RowDescription, NoData, ParameterDescription, DataRow, CommandComplete,
@@ -219,6 +222,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Corked<S> {
         // asked for them yet).
         if !self.through_reads {
             ready!(self.poll_send_held(cx))?;
+            // A long answer's room is not kept while the client is idle (it is made again,
+            // once per answer, not per write, if the next answer is long too).
+            if self.held.capacity() > KEPT_HELD {
+                self.held = Vec::new();
+            }
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
@@ -265,9 +273,22 @@ pub enum Incoming {
 const RAW_LIMIT: usize = 0x3fff_fffe;
 const SMALL_RAW_LIMIT: usize = 10_000;
 
-/// How much more is read at a time while a message is incomplete: a hostile length
+/// How much more is read at a time while a long message is incomplete: a hostile length
 /// announces a gigabyte, but only what arrives is ever held.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// The room a read is given when no long message is under way. Small, so that the buffer the
+/// connection started with (pgwire's 8 KiB) is reused in place once its messages are consumed:
+/// asking for [`READ_CHUNK`] each time the room ran low outgrew it, and every client that had
+/// run a few hundred statements held a read buffer of 64–128 KiB for as long as it stayed
+/// connected (BENCHMARKS.md, issue 38 session 40).
+const READ_ROOM: usize = 4 * 1024;
+
+/// A message longer than this leaves the read buffer it grew behind: what was read after it
+/// moves to a buffer of pgwire's initial size, so that an idle client keeps no more than a
+/// busy one needs. pgwire's encoding buffer is let go past it too.
+const KEPT_BUFFER: usize = 64 * 1024;
+const INITIAL_READ_BUFFER: usize = 8 * 1024;
 
 /// The client's next message after start-up: whole, as bytes, when `raw` says so of its type,
 /// else decoded by the socket's codec (as `Framed` itself would). `None` when the client is
@@ -303,12 +324,38 @@ where
     std::future::poll_fn(move |cx| {
         let mut bytes = std::mem::take(socket.read_buffer_mut());
         if bytes.capacity() - bytes.len() < 1024 {
-            bytes.reserve(READ_CHUNK);
+            bytes.reserve(read_room(&bytes));
+        }
+        // pgwire's encoding buffer, grown by a long message sent (a row of megabytes), is let
+        // go too: it is empty whenever the connection reads.
+        let written = socket.write_buffer_mut();
+        if written.is_empty() && written.capacity() > KEPT_BUFFER {
+            *written = BytesMut::new();
         }
         let polled = tokio_util::io::poll_read_buf(Pin::new(socket.get_mut()), cx, &mut bytes);
         *socket.read_buffer_mut() = bytes;
         polled.map(|read| matches!(read, Ok(n) if n > 0))
     })
+}
+
+/// How much room to make in `buffered` for the next read: what the message under way still
+/// lacks, a chunk at most, when it is long; else [`READ_ROOM`].
+fn read_room(buffered: &BytesMut) -> usize {
+    let lacking = match buffered.get(..5) {
+        Some(&[_, a, b, c, d]) => {
+            (1 + u32::from_be_bytes([a, b, c, d]) as usize).saturating_sub(buffered.len())
+        }
+        _ => 0,
+    };
+    lacking.clamp(READ_ROOM, READ_CHUNK)
+}
+
+/// Moves what `buffer` holds after a long message taken from it to a buffer of the initial
+/// size (the long message's allocation goes with the message).
+fn leave_long_buffer(buffer: &mut BytesMut) {
+    let mut fresh = BytesMut::with_capacity(INITIAL_READ_BUFFER.max(buffer.len()));
+    fresh.extend_from_slice(buffer);
+    *buffer = fresh;
 }
 
 /// PostgreSQL's bound on a start-up packet (`MAX_STARTUP_PACKET_LENGTH`).
@@ -373,20 +420,27 @@ where
         // A Parse is decoded as any message, unless its text is not UTF-8 (a client_encoding
         // other than UTF8): decoding would replace its bytes, so it is passed on as it came.
         if tag != b'P' || !parse_text_is_utf8(&buffered[..1 + len]) {
-            return Some(Ok(Incoming::Raw(
-                socket.read_buffer_mut().split_to(1 + len),
-            )));
+            let frame = socket.read_buffer_mut().split_to(1 + len);
+            if len > KEPT_BUFFER {
+                leave_long_buffer(socket.read_buffer_mut());
+            }
+            return Some(Ok(Incoming::Raw(frame)));
         }
     }
     // A whole message's body is checked before pgwire decodes it (its decoders trust the
     // counts and lengths in it, and panic past its end). A message read whole is passed on
     // as bytes: the upstream judges it (or `checked` does, before sluice decodes one).
-    if let Some(Err(e)) = whole_frame(socket.read_buffer()).map(checked) {
+    let whole = whole_frame(socket.read_buffer());
+    if let Some(Err(e)) = whole.map(checked) {
         return Some(Err(e));
     }
+    let long = whole.is_some_and(|f| f.len() > KEPT_BUFFER);
     // The codec and the bytes are both the socket's: the buffer is lent to it.
     let mut bytes = std::mem::take(socket.read_buffer_mut());
     let decoded = socket.codec_mut().decode(&mut bytes);
+    if long {
+        leave_long_buffer(&mut bytes);
+    }
     *socket.read_buffer_mut() = bytes;
     match decoded {
         Ok(Some(message)) => Some(Ok(Incoming::Message(message))),
@@ -683,5 +737,93 @@ mod tests {
             .await
             .expect("rows stream out");
         assert!(corked.held.len() < HOLD_LIMIT);
+    }
+
+    /// A client socket as the connection loop reads it (pgwire's codec, its 8 KiB buffers).
+    fn framed<S>(io: S) -> Framed<Corked<S>, PgWireMessageServerCodec<String>> {
+        let mut client =
+            pgwire::api::DefaultClient::new("127.0.0.1:5432".parse().expect("addr"), false);
+        client.state = PgWireConnectionState::ReadyForQuery;
+        Framed::new(Corked::new(io), PgWireMessageServerCodec::new(client))
+    }
+
+    /// What a connection keeps between statements: the read buffer it started with, however
+    /// many statements it reads (the room asked for each read is reclaimed in place; asking for
+    /// a 64 KiB chunk each time grew it to 64–128 KiB), and, after a long message, a buffer of
+    /// the initial size again — read whole or decoded.
+    #[tokio::test]
+    async fn the_buffers_stay_small_between_statements() {
+        use tokio::io::AsyncWriteExt;
+        let (server, mut client) = tokio::io::duplex(4 << 20);
+        let mut socket = framed(server);
+        let query = message(
+            b'Q',
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 42;\0",
+        );
+        let mut largest = 0;
+        for raw in [true, false] {
+            let reads: fn(u8) -> bool = if raw { |_| true } else { |_| false };
+            for _ in 0..1000 {
+                client.write_all(&query).await.expect("write");
+                let read = next_incoming(&mut socket, reads).await;
+                let expected = if raw { "Raw" } else { "Message(Query" };
+                assert!(
+                    format!("{read:?}").starts_with(&format!("Some(Ok({expected}")),
+                    "{read:?}"
+                );
+                assert!(socket.read_buffer().is_empty());
+                largest = largest.max(socket.read_buffer().capacity());
+            }
+            assert!(largest <= INITIAL_READ_BUFFER, "read buffer room {largest}");
+            // A statement of 1 MiB, and a short one behind it in the same write.
+            let mut text = vec![b'x'; 1 << 20];
+            text.push(0);
+            let mut long = message(b'Q', &text);
+            long.extend_from_slice(&query);
+            client.write_all(&long).await.expect("write");
+            let read = next_incoming(&mut socket, reads).await;
+            assert!(matches!(read, Some(Ok(_))), "{read:?}");
+            drop(read);
+            assert!(
+                socket.read_buffer().capacity() <= INITIAL_READ_BUFFER,
+                "after a long message, room {}",
+                socket.read_buffer().capacity()
+            );
+            assert_eq!(
+                &socket.read_buffer()[..],
+                &query[..],
+                "what came behind it kept"
+            );
+            let read = next_incoming(&mut socket, reads).await;
+            assert!(matches!(read, Some(Ok(_))), "{read:?}");
+        }
+        // pgwire's encoding buffer after a long message written: let go at the next read.
+        socket.write_buffer_mut().reserve(1 << 20);
+        client.write_all(&query).await.expect("write");
+        let read = next_incoming(&mut socket, |_| true).await;
+        assert!(matches!(read, Some(Ok(_))), "{read:?}");
+        assert!(socket.write_buffer().capacity() <= KEPT_BUFFER);
+    }
+
+    /// What [`Corked`] held a long answer in is not kept while it waits for the client.
+    #[tokio::test]
+    async fn a_long_answer_is_not_held_on_to() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (server, mut client) = tokio::io::duplex(1 << 20);
+        let mut corked = Corked::new(server);
+        let row = vec![b'x'; 1000];
+        for _ in 0..40 {
+            send(&mut corked, b'D', &row).await;
+        }
+        assert!(corked.held.capacity() > KEPT_HELD);
+        client.write_all(b"!").await.expect("write");
+        let mut one = [0u8; 1];
+        corked.read_exact(&mut one).await.expect("read");
+        assert!(corked.held.capacity() <= KEPT_HELD);
+        let mut answer = vec![0u8; 40 * 1005];
+        client
+            .read_exact(&mut answer)
+            .await
+            .expect("the answer sent");
     }
 }
